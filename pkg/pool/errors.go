@@ -1,0 +1,24 @@
+package pool
+
+import "errors"
+
+// Sentinel errors; callers test them with errors.Is and map them to gRPC codes
+// in one place.
+var (
+	// ErrInvalidID: a volume ID, pool name or node ID that does not parse.
+	ErrInvalidID = errors.New("invalid identifier")
+	// ErrNotFound: the volume, node or pool does not exist.
+	ErrNotFound = errors.New("not found")
+	// ErrExists: a volume with this name exists with incompatible properties.
+	ErrExists = errors.New("already exists with different properties")
+	// ErrCorrupt: a record exists but cannot be read (for example half-written).
+	ErrCorrupt = errors.New("record is corrupt")
+	// ErrNoSpace: the pool cannot hold the requested size.
+	ErrNoSpace = errors.New("not enough space in pool")
+	// ErrInUse: the volume is still attached somewhere.
+	ErrInUse = errors.New("volume is in use")
+	// ErrBusy: another operation holds the volume's lock.
+	ErrBusy = errors.New("an operation on this volume is in progress")
+	// ErrPoolMismatch: the directory is marked as a different pool.
+	ErrPoolMismatch = errors.New("directory belongs to another pool")
+)
