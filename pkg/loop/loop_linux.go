@@ -1,0 +1,360 @@
+package loop
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+const (
+	controlPath = "/dev/loop-control"
+	sysBlock    = "/sys/block"
+	// deletedSuffix is what the kernel appends to backing_file once the image
+	// has been unlinked.
+	deletedSuffix = " (deleted)"
+	// maxAttachAttempts bounds the retries when other processes take the free
+	// device between LOOP_CTL_GET_FREE and LOOP_CONFIGURE.
+	maxAttachAttempts = 64
+	// detachWait is how long Detach waits for a device that someone else
+	// briefly holds open (udev's blkid probe, typically) to let go.
+	detachWait = time.Second
+)
+
+// Devices is the Linux Interface: real loop devices through ioctls and sysfs.
+type Devices struct{}
+
+var _ Interface = Devices{}
+
+// New returns the loop devices of this machine.
+func New() Devices { return Devices{} }
+
+// Attach implements Interface.
+func (Devices) Attach(ctx context.Context, imagePath string, readOnly bool) (string, error) {
+	path, err := absClean(imagePath)
+	if err != nil {
+		return "", err
+	}
+	mode := os.O_RDWR
+	if readOnly {
+		mode = os.O_RDONLY
+	}
+	// The kernel takes its own reference to the file; ours is closed on return.
+	backing, err := os.OpenFile(path, mode, 0)
+	if err != nil {
+		return "", fmt.Errorf("open image: %w", err)
+	}
+	defer backing.Close()
+	ctl, err := os.OpenFile(controlPath, os.O_RDWR, 0)
+	if err != nil {
+		return "", fmt.Errorf("open %s: %w", controlPath, err)
+	}
+	defer ctl.Close()
+
+	directIO := true
+	for attempt := 1; ; attempt++ {
+		if err := ctx.Err(); err != nil {
+			return "", fmt.Errorf("attach %s: %w", path, err)
+		}
+		n, err := unix.IoctlRetInt(int(ctl.Fd()), unix.LOOP_CTL_GET_FREE)
+		if err != nil {
+			return "", fmt.Errorf("LOOP_CTL_GET_FREE: %w", err)
+		}
+		devPath := "/dev/loop" + strconv.Itoa(n)
+		err = configure(devPath, backing, path, readOnly, directIO)
+		switch {
+		case err == nil:
+			return devPath, nil
+		case errors.Is(err, unix.EINVAL) && directIO:
+			// Old kernels refuse LOOP_CONFIGURE outright when the backing
+			// filesystem cannot do direct I/O, instead of falling back
+			// themselves; a failed configure leaves the device free.
+			directIO = false
+		case (errors.Is(err, unix.EBUSY) || errors.Is(err, unix.ENXIO) || errors.Is(err, fs.ErrNotExist)) &&
+			attempt < maxAttachAttempts:
+			// Another process configured (or removed) the device that
+			// LOOP_CTL_GET_FREE handed to both of us: ask for another.
+		default:
+			return "", fmt.Errorf("attach %s to %s: %w", path, devPath, err)
+		}
+	}
+}
+
+// configure binds backing to the free device devPath with LOOP_CONFIGURE,
+// which sets the file, flags and block size in one call, so the device never
+// appears half set up to udev or to another process.
+func configure(devPath string, backing *os.File, path string, readOnly, directIO bool) error {
+	name, _ := deviceName(devPath)
+	if err := ensureNode(devPath, name); err != nil {
+		return err
+	}
+	dev, err := os.OpenFile(devPath, os.O_RDWR, 0)
+	if err != nil {
+		return fmt.Errorf("open %s: %w", devPath, err)
+	}
+	defer dev.Close()
+	cfg := unix.LoopConfig{Fd: uint32(backing.Fd()), Size: BlockSize}
+	if directIO {
+		cfg.Info.Flags |= unix.LO_FLAGS_DIRECT_IO
+	}
+	if readOnly {
+		cfg.Info.Flags |= unix.LO_FLAGS_READ_ONLY
+	}
+	// lo_file_name is informational (losetup shows it); backing_file is the truth.
+	copy(cfg.Info.File_name[:len(cfg.Info.File_name)-1], path)
+	if err := unix.IoctlLoopConfigure(int(dev.Fd()), &cfg); err != nil {
+		return fmt.Errorf("LOOP_CONFIGURE: %w", err)
+	}
+	return nil
+}
+
+// ensureNode creates /dev/loopN when the kernel made the device but /dev is
+// not a devtmpfs that shows it (some container setups).
+func ensureNode(devPath, name string) error {
+	if _, err := os.Stat(devPath); !errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	data, err := os.ReadFile(filepath.Join(sysBlock, name, "dev"))
+	if err != nil {
+		return fmt.Errorf("device number of %s: %w", name, err)
+	}
+	var major, minor uint32
+	if _, err := fmt.Sscanf(strings.TrimSpace(string(data)), "%d:%d", &major, &minor); err != nil {
+		return fmt.Errorf("device number of %s: %q: %w", name, data, err)
+	}
+	err = unix.Mknod(devPath, unix.S_IFBLK|0o660, int(unix.Mkdev(major, minor)))
+	if err != nil && !errors.Is(err, unix.EEXIST) {
+		return fmt.Errorf("mknod %s: %w", devPath, err)
+	}
+	return nil
+}
+
+// Find implements Interface.
+func (Devices) Find(imagePath string) (string, bool, error) {
+	path, err := absClean(imagePath)
+	if err != nil {
+		return "", false, err
+	}
+	// The kernel reports the path with symlinks resolved.
+	resolved := path
+	if r, err := filepath.EvalSymlinks(path); err == nil {
+		resolved = r
+	} else if r, err := filepath.EvalSymlinks(filepath.Dir(path)); err == nil {
+		resolved = filepath.Join(r, filepath.Base(path))
+	}
+	var st unix.Stat_t
+	imageExists := true
+	if err := unix.Stat(path, &st); errors.Is(err, unix.ENOENT) {
+		imageExists = false
+	} else if err != nil {
+		return "", false, fmt.Errorf("stat %s: %w", path, err)
+	}
+
+	entries, err := os.ReadDir(sysBlock)
+	if err != nil {
+		return "", false, fmt.Errorf("list %s: %w", sysBlock, err)
+	}
+	for _, e := range entries {
+		name := e.Name()
+		if !devPathRE.MatchString("/dev/" + name) {
+			continue
+		}
+		backing, deleted, err := backingFile(name)
+		if errors.Is(err, ErrNotAttached) {
+			continue
+		}
+		if err != nil {
+			return "", false, err
+		}
+		if backing != path && backing != resolved {
+			continue
+		}
+		devPath := "/dev/" + name
+		if !imageExists {
+			return devPath, true, nil
+		}
+		if deleted {
+			continue // the file now at the path is another one
+		}
+		// Same path, but is it the same file? A deleted and re-created image
+		// on a filesystem that does not mark it " (deleted)" (NFS) would fool
+		// the path compare; device and inode do not.
+		same, err := sameFile(devPath, &st)
+		if errors.Is(err, ErrNotAttached) || errors.Is(err, fs.ErrNotExist) {
+			continue // detached while we looked
+		}
+		if err != nil {
+			return "", false, err
+		}
+		if same {
+			return devPath, true, nil
+		}
+	}
+	return "", false, nil
+}
+
+// sameFile reports whether the device's backing file is the file st describes.
+func sameFile(devPath string, st *unix.Stat_t) (bool, error) {
+	dev, err := os.OpenFile(devPath, os.O_RDONLY, 0)
+	if err != nil {
+		return false, fmt.Errorf("open %s: %w", devPath, err)
+	}
+	defer dev.Close()
+	info, err := unix.IoctlLoopGetStatus64(int(dev.Fd()))
+	if errors.Is(err, unix.ENXIO) {
+		return false, fmt.Errorf("%s: %w", devPath, ErrNotAttached)
+	}
+	if err != nil {
+		return false, fmt.Errorf("LOOP_GET_STATUS64 %s: %w", devPath, err)
+	}
+	return info.Inode == st.Ino && info.Device == st.Dev, nil
+}
+
+// Resize implements Interface.
+func (Devices) Resize(devPath string) error {
+	if _, err := deviceName(devPath); err != nil {
+		return err
+	}
+	dev, err := os.OpenFile(devPath, os.O_RDONLY, 0)
+	if err != nil {
+		return fmt.Errorf("open %s: %w", devPath, err)
+	}
+	defer dev.Close()
+	if err := unix.IoctlSetInt(int(dev.Fd()), unix.LOOP_SET_CAPACITY, 0); err != nil {
+		if errors.Is(err, unix.ENXIO) {
+			return fmt.Errorf("resize %s: %w", devPath, ErrNotAttached)
+		}
+		return fmt.Errorf("LOOP_SET_CAPACITY %s: %w", devPath, err)
+	}
+	return nil
+}
+
+// Detach implements Interface.
+func (Devices) Detach(devPath string) error {
+	name, err := deviceName(devPath)
+	if err != nil {
+		return err
+	}
+	if _, _, err := backingFile(name); errors.Is(err, ErrNotAttached) {
+		return nil
+	}
+	dev, err := os.OpenFile(devPath, os.O_RDONLY, 0)
+	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, unix.ENXIO) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("open %s: %w", devPath, err)
+	}
+	err = unix.IoctlSetInt(int(dev.Fd()), unix.LOOP_CLR_FD, 0)
+	dev.Close()
+	switch {
+	case errors.Is(err, unix.ENXIO):
+		return nil // detached by someone else meanwhile
+	case errors.Is(err, unix.EBUSY):
+		// Kernels before 5.x refuse instead of deferring.
+		return fmt.Errorf("detach %s: %w", devPath, ErrBusy)
+	case err != nil:
+		return fmt.Errorf("LOOP_CLR_FD %s: %w", devPath, err)
+	}
+	// When others hold the device open, the kernel only marks it for
+	// autoclear and detaches it when the last of them closes it. A transient
+	// opener (udev's probe) lets go at once; a mount does not.
+	deadline := time.Now().Add(detachWait)
+	for {
+		if _, _, err := backingFile(name); errors.Is(err, ErrNotAttached) {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("detach %s: still open, the kernel detaches it on last close: %w", devPath, ErrBusy)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// Size implements Interface.
+func (Devices) Size(devPath string) (int64, error) {
+	name, err := deviceName(devPath)
+	if err != nil {
+		return 0, err
+	}
+	if _, _, err := backingFile(name); err != nil {
+		return 0, err
+	}
+	// sysfs reports the size in 512-byte sectors whatever the block size.
+	sectors, err := readInt(filepath.Join(sysBlock, name, "size"))
+	if err != nil {
+		return 0, err
+	}
+	return sectors * 512, nil
+}
+
+// Status implements Interface.
+func (Devices) Status(devPath string) (Status, error) {
+	name, err := deviceName(devPath)
+	if err != nil {
+		return Status{}, err
+	}
+	backing, deleted, err := backingFile(name)
+	if err != nil {
+		return Status{}, err
+	}
+	dio, err := readInt(filepath.Join(sysBlock, name, "loop", "dio"))
+	if err != nil {
+		return Status{}, err
+	}
+	ro, err := readInt(filepath.Join(sysBlock, name, "ro"))
+	if err != nil {
+		return Status{}, err
+	}
+	return Status{BackingFile: backing, Deleted: deleted, DirectIO: dio == 1, ReadOnly: ro == 1}, nil
+}
+
+// backingFile reads the image path of device name ("loopN") from sysfs. The
+// loop/ directory exists only while an image is attached.
+func backingFile(name string) (path string, deleted bool, err error) {
+	data, err := os.ReadFile(filepath.Join(sysBlock, name, "loop", "backing_file"))
+	if errors.Is(err, fs.ErrNotExist) {
+		return "", false, fmt.Errorf("/dev/%s: %w", name, ErrNotAttached)
+	}
+	if err != nil {
+		return "", false, fmt.Errorf("backing file of /dev/%s: %w", name, err)
+	}
+	path = strings.TrimSuffix(string(data), "\n")
+	if p, ok := strings.CutSuffix(path, deletedSuffix); ok {
+		return p, true, nil
+	}
+	return path, false, nil
+}
+
+func readInt(path string) (int64, error) {
+	data, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return 0, fmt.Errorf("%s: %w", path, ErrNotAttached)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("read %s: %w", path, err)
+	}
+	v, err := strconv.ParseInt(strings.TrimSpace(string(data)), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("parse %s: %w", path, err)
+	}
+	return v, nil
+}
+
+func absClean(p string) (string, error) {
+	if p == "" {
+		return "", errors.New("empty image path")
+	}
+	abs, err := filepath.Abs(p)
+	if err != nil {
+		return "", fmt.Errorf("image path %q: %w", p, err)
+	}
+	return abs, nil
+}

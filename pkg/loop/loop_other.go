@@ -1,0 +1,35 @@
+//go:build !linux
+
+package loop
+
+import (
+	"context"
+	"errors"
+)
+
+// Devices is a stand-in on systems without Linux loop devices: every call
+// fails with errors.ErrUnsupported.
+type Devices struct{}
+
+var _ Interface = Devices{}
+
+// New returns the stand-in.
+func New() Devices { return Devices{} }
+
+// Attach fails with errors.ErrUnsupported.
+func (Devices) Attach(context.Context, string, bool) (string, error) { return "", errors.ErrUnsupported }
+
+// Find fails with errors.ErrUnsupported.
+func (Devices) Find(string) (string, bool, error) { return "", false, errors.ErrUnsupported }
+
+// Resize fails with errors.ErrUnsupported.
+func (Devices) Resize(string) error { return errors.ErrUnsupported }
+
+// Detach fails with errors.ErrUnsupported.
+func (Devices) Detach(string) error { return errors.ErrUnsupported }
+
+// Size fails with errors.ErrUnsupported.
+func (Devices) Size(string) (int64, error) { return 0, errors.ErrUnsupported }
+
+// Status fails with errors.ErrUnsupported.
+func (Devices) Status(string) (Status, error) { return Status{}, errors.ErrUnsupported }
