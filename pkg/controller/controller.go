@@ -1,0 +1,148 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/loopvol/loopvol/pkg/pool"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// TopologyKey is the accessible-topology key of loopvol: a pool serves the
+// nodes of one zone.
+const TopologyKey = "topology.loopvol.csi.io/zone"
+
+// Volume context and publish context keys.
+const (
+	ContextPool       = "loopvol.csi.io/pool"
+	ContextAccessType = "loopvol.csi.io/access-type"
+	ContextNode       = "loopvol.csi.io/node"
+	ContextReadOnly   = "loopvol.csi.io/readonly"
+	ParameterPool     = "pool"
+)
+
+// Config configures the Controller service.
+type Config struct {
+	// Pools are every pool of every zone the controller manages.
+	Pools []*pool.Pool
+	// DefaultFsType is used when a mount capability names none.
+	DefaultFsType string
+}
+
+// Server is the CSI Controller service.
+type Server struct {
+	csi.UnimplementedControllerServer
+	pools         map[string]*pool.Pool
+	poolNames     []string // sorted, for stable choices and listings
+	defaultFsType string
+
+	// names serialises CreateVolume per volume name: the ID depends on the
+	// pool chosen, so the per-volume lock alone cannot stop two calls with one
+	// name from creating it in two pools.
+	names keyedLock
+	// nodes serialises publishes per node so that two concurrent publishes
+	// cannot both take the node's last free slot.
+	nodesMu sync.Mutex
+	nodes   map[string]*sync.Mutex
+}
+
+// New returns the Controller service.
+func New(cfg Config) (*Server, error) {
+	if len(cfg.Pools) == 0 {
+		return nil, errors.New("the controller needs at least one pool")
+	}
+	s := &Server{pools: map[string]*pool.Pool{}, defaultFsType: cfg.DefaultFsType, nodes: map[string]*sync.Mutex{}}
+	if s.defaultFsType == "" {
+		s.defaultFsType = "ext4"
+	}
+	if !supportedFsTypes[s.defaultFsType] {
+		return nil, fmt.Errorf("default filesystem %q is not one of ext4, xfs", s.defaultFsType)
+	}
+	for _, p := range cfg.Pools {
+		if _, dup := s.pools[p.Name]; dup {
+			return nil, fmt.Errorf("pool %s is configured twice", p.Name)
+		}
+		s.pools[p.Name] = p
+		s.poolNames = append(s.poolNames, p.Name)
+	}
+	sort.Strings(s.poolNames)
+	return s, nil
+}
+
+var controllerCaps = []csi.ControllerServiceCapability_RPC_Type{
+	csi.ControllerServiceCapability_RPC_CREATE_DELETE_VOLUME,
+	csi.ControllerServiceCapability_RPC_PUBLISH_UNPUBLISH_VOLUME,
+	csi.ControllerServiceCapability_RPC_PUBLISH_READONLY,
+	csi.ControllerServiceCapability_RPC_LIST_VOLUMES,
+	csi.ControllerServiceCapability_RPC_LIST_VOLUMES_PUBLISHED_NODES,
+	csi.ControllerServiceCapability_RPC_GET_VOLUME,
+	csi.ControllerServiceCapability_RPC_GET_VOLUME_HEALTH,
+	csi.ControllerServiceCapability_RPC_LIST_VOLUME_HEALTH,
+	csi.ControllerServiceCapability_RPC_GET_CAPACITY,
+	csi.ControllerServiceCapability_RPC_EXPAND_VOLUME,
+	csi.ControllerServiceCapability_RPC_SINGLE_NODE_MULTI_WRITER,
+}
+
+// ControllerGetCapabilities lists what the Controller service does.
+func (s *Server) ControllerGetCapabilities(context.Context, *csi.ControllerGetCapabilitiesRequest) (*csi.ControllerGetCapabilitiesResponse, error) {
+	resp := &csi.ControllerGetCapabilitiesResponse{}
+	for _, c := range controllerCaps {
+		resp.Capabilities = append(resp.Capabilities, &csi.ControllerServiceCapability{
+			Type: &csi.ControllerServiceCapability_Rpc{Rpc: &csi.ControllerServiceCapability_RPC{Type: c}},
+		})
+	}
+	return resp, nil
+}
+
+// lookup parses a volume ID and finds its pool. Anything unknown is NOT_FOUND.
+func (s *Server) lookup(volumeID string) (*pool.Pool, pool.VolumeID, error) {
+	id, err := pool.ParseVolumeID(volumeID)
+	if err != nil {
+		return nil, id, status.Errorf(codes.NotFound, "volume %q does not exist: %v", volumeID, err)
+	}
+	p, ok := s.pools[id.Pool]
+	if !ok {
+		return nil, id, status.Errorf(codes.NotFound, "volume %q does not exist: no pool %q", volumeID, id.Pool)
+	}
+	return p, id, nil
+}
+
+func (s *Server) nodeLock(node string) func() {
+	s.nodesMu.Lock()
+	mu, ok := s.nodes[node]
+	if !ok {
+		mu = &sync.Mutex{}
+		s.nodes[node] = mu
+	}
+	s.nodesMu.Unlock()
+	mu.Lock()
+	return mu.Unlock
+}
+
+// keyedLock is a set of try-locks by key.
+type keyedLock struct {
+	mu   sync.Mutex
+	held map[string]bool
+}
+
+func (k *keyedLock) tryLock(key string) (unlock func(), ok bool) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.held == nil {
+		k.held = map[string]bool{}
+	}
+	if k.held[key] {
+		return nil, false
+	}
+	k.held[key] = true
+	return func() {
+		k.mu.Lock()
+		delete(k.held, key)
+		k.mu.Unlock()
+	}, true
+}

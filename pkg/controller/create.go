@@ -1,0 +1,256 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/loopvol/loopvol/pkg/pool"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"k8s.io/klog/v2"
+)
+
+func outOfRange(format string, args ...any) error {
+	return status.Errorf(codes.OutOfRange, format, args...)
+}
+
+// CreateVolume makes a volume: validate, lock the name, find an existing
+// volume of that name (same request → same answer, different → ALREADY_EXISTS),
+// else choose a pool by topology and parameters and create the image.
+func (s *Server) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest) (*csi.CreateVolumeResponse, error) {
+	if err := validateName(req.GetName()); err != nil {
+		return nil, err
+	}
+	shape, err := validateCapabilities(req.GetVolumeCapabilities(), s.defaultFsType)
+	if err != nil {
+		return nil, err
+	}
+	if err := validateParameters(req.GetParameters()); err != nil {
+		return nil, err
+	}
+	if req.GetVolumeContentSource() != nil {
+		return nil, invalid("volume_content_source is not supported: loopvol does not clone or restore snapshots")
+	}
+	size, err := requestedSize(req.GetCapacityRange(), shape.accessType, shape.fsType)
+	if err != nil {
+		return nil, err
+	}
+	unlock, ok := s.names.tryLock(req.GetName())
+	if !ok {
+		return nil, status.Errorf(codes.Aborted, "a CreateVolume for %q is in progress", req.GetName())
+	}
+	defer unlock()
+
+	logger := klog.FromContext(ctx)
+	if p, v, err := s.findByName(req.GetName()); err != nil {
+		return nil, toStatus(err)
+	} else if v != nil {
+		if err := compatible(v, req, shape); err != nil {
+			return nil, status.Errorf(codes.AlreadyExists, "volume %q exists as %s with other properties: %v", req.GetName(), v.ID, err)
+		}
+		logger.V(4).Info("Volume exists already", "volumeID", v.ID)
+		return &csi.CreateVolumeResponse{Volume: s.csiVolume(p, v)}, nil
+	}
+
+	p, err := s.choosePool(req, size)
+	if err != nil {
+		return nil, err
+	}
+	id := pool.DeriveVolumeID(p.Name, req.GetName())
+	unlockVol, err := p.Lock(id)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	defer unlockVol()
+	v, err := p.CreateVolume(pool.VolumeSpec{
+		Name:        req.GetName(),
+		SizeBytes:   size,
+		AccessType:  shape.accessType,
+		FsType:      shape.fsType,
+		AccessModes: shape.modes,
+		Parameters:  req.GetParameters(),
+	})
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	logger.V(2).Info("Created volume", "volumeID", v.ID, "pool", p.Name, "sizeBytes", v.SizeBytes)
+	return &csi.CreateVolumeResponse{Volume: s.csiVolume(p, v)}, nil
+}
+
+// findByName looks for the volume called name in every pool. A corrupt
+// record of that name is an error: we cannot tell whether it matches.
+func (s *Server) findByName(name string) (*pool.Pool, *pool.Volume, error) {
+	for _, pn := range s.poolNames {
+		p := s.pools[pn]
+		v, err := p.ReadVolume(pool.DeriveVolumeID(p.Name, name))
+		if errors.Is(err, pool.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, nil, err
+		}
+		return p, v, nil
+	}
+	return nil, nil, nil
+}
+
+// compatible says why an existing volume does not satisfy req, or nil.
+func compatible(v *pool.Volume, req *csi.CreateVolumeRequest, shape volumeShape) error {
+	r := req.GetCapacityRange()
+	if v.SizeBytes < r.GetRequiredBytes() {
+		return fmt.Errorf("its size %d is below required_bytes %d", v.SizeBytes, r.GetRequiredBytes())
+	}
+	if r.GetLimitBytes() > 0 && v.SizeBytes > r.GetLimitBytes() {
+		return fmt.Errorf("its size %d is above limit_bytes %d", v.SizeBytes, r.GetLimitBytes())
+	}
+	if v.AccessType != shape.accessType || v.FsType != shape.fsType {
+		return fmt.Errorf("it is a %s, the request asks for a %s", describe(v.AccessType, v.FsType), describe(shape.accessType, shape.fsType))
+	}
+	if !slices.Equal(v.AccessModes, shape.modes) {
+		return fmt.Errorf("its access modes are %v, the request asks for %v", v.AccessModes, shape.modes)
+	}
+	if v.Parameters[ParameterPool] != req.GetParameters()[ParameterPool] {
+		return fmt.Errorf("its pool parameter is %q, the request gives %q", v.Parameters[ParameterPool], req.GetParameters()[ParameterPool])
+	}
+	return nil
+}
+
+// choosePool picks the pool for a new volume: the "pool" parameter if given,
+// else the pools in the zones of the preferred segments (in order), then of
+// the requisite ones, then any; among equals the one with most space.
+func (s *Server) choosePool(req *csi.CreateVolumeRequest, size int64) (*pool.Pool, error) {
+	candidates := s.poolNames
+	if name, ok := req.GetParameters()[ParameterPool]; ok {
+		if _, known := s.pools[name]; !known {
+			return nil, invalid("parameter pool: no pool %q (pools: %s)", name, strings.Join(s.poolNames, ", "))
+		}
+		candidates = []string{name}
+	}
+	tr := req.GetAccessibilityRequirements()
+	allowed := func(p *pool.Pool) bool {
+		if len(tr.GetRequisite()) == 0 {
+			return true
+		}
+		return slices.ContainsFunc(tr.GetRequisite(), func(t *csi.Topology) bool { return segmentMatches(t, p) })
+	}
+	// Ranks: preferred segments in order, then everything else allowed.
+	rank := func(p *pool.Pool) int {
+		for i, t := range tr.GetPreferred() {
+			if segmentMatches(t, p) {
+				return i
+			}
+		}
+		return len(tr.GetPreferred())
+	}
+	var best *pool.Pool
+	bestRank, bestAvail := 0, int64(-1)
+	var total int64
+	var lastErr error
+	for _, name := range candidates {
+		p := s.pools[name]
+		if !allowed(p) {
+			continue
+		}
+		u, err := p.Usage()
+		if err != nil {
+			lastErr = err
+			continue
+		}
+		total = max(total, u.TotalBytes)
+		if u.AvailableBytes < size {
+			continue
+		}
+		if r := rank(p); best == nil || r < bestRank || (r == bestRank && u.AvailableBytes > bestAvail) {
+			best, bestRank, bestAvail = p, r, u.AvailableBytes
+		}
+	}
+	switch {
+	case best != nil:
+		return best, nil
+	case lastErr != nil:
+		return nil, toStatus(lastErr)
+	case total == 0:
+		return nil, status.Errorf(codes.ResourceExhausted, "no pool in the accessible topology %v can hold the volume", tr.GetRequisite())
+	case size > total:
+		return nil, outOfRange("%d bytes is larger than any pool's filesystem (%d bytes)", size, total)
+	default:
+		return nil, status.Errorf(codes.ResourceExhausted, "no pool has %d bytes available", size)
+	}
+}
+
+// segmentMatches: a segment selects pools by zone; a segment without our key
+// does not constrain the pool.
+func segmentMatches(t *csi.Topology, p *pool.Pool) bool {
+	zone, ok := t.GetSegments()[TopologyKey]
+	return !ok || zone == p.Zone
+}
+
+// csiVolume describes a volume for a CreateVolume, ListVolumes or
+// ControllerGetVolume answer.
+func (s *Server) csiVolume(p *pool.Pool, v *pool.Volume) *csi.Volume {
+	ctx := map[string]string{ContextPool: p.Name, ContextAccessType: v.AccessType}
+	for k, val := range maps.All(v.Parameters) {
+		if k == ParameterPool {
+			ctx[ContextPool] = val
+		}
+	}
+	return &csi.Volume{
+		VolumeId:           v.ID,
+		CapacityBytes:      v.SizeBytes,
+		VolumeContext:      ctx,
+		AccessibleTopology: []*csi.Topology{{Segments: map[string]string{TopologyKey: p.Zone}}},
+	}
+}
+
+// DeleteVolume removes a volume that is attached nowhere. An unknown volume
+// is already deleted: success.
+func (s *Server) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequest) (*csi.DeleteVolumeResponse, error) {
+	if req.GetVolumeId() == "" {
+		return nil, invalid("volume_id is required")
+	}
+	p, id, err := s.lookup(req.GetVolumeId())
+	if err != nil {
+		// An ID we could never have made names no volume of ours.
+		return &csi.DeleteVolumeResponse{}, nil
+	}
+	unlock, err := p.Lock(id)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	defer unlock()
+	logger := klog.FromContext(ctx)
+	v, err := p.ReadVolume(id)
+	switch {
+	case errors.Is(err, pool.ErrNotFound):
+		// Finish a delete that crashed after removing the record, or
+		// clean up an image whose create never finished.
+		if err := p.DeleteVolume(id); err != nil {
+			return nil, toStatus(err)
+		}
+		return &csi.DeleteVolumeResponse{}, nil
+	case errors.Is(err, pool.ErrCorrupt):
+		logger.Error(err, "Deleting a volume whose record is unreadable")
+	case err != nil:
+		return nil, toStatus(err)
+	case len(v.Attachments) > 0:
+		return nil, status.Errorf(codes.FailedPrecondition, "volume %s is still attached to %s; ControllerUnpublishVolume it first", id, nodesOf(v))
+	}
+	if err := p.DeleteVolume(id); err != nil {
+		return nil, toStatus(err)
+	}
+	logger.V(2).Info("Deleted volume", "pool", p.Name)
+	return &csi.DeleteVolumeResponse{}, nil
+}
+
+func nodesOf(v *pool.Volume) []string {
+	var nodes []string
+	for _, a := range v.Attachments {
+		nodes = append(nodes, a.Node)
+	}
+	return nodes
+}

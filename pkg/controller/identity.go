@@ -1,0 +1,57 @@
+package controller
+
+import (
+	"context"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/loopvol/loopvol/pkg/pool"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+	"k8s.io/klog/v2"
+)
+
+// Identity is the CSI Identity service; both driver modes serve it.
+type Identity struct {
+	csi.UnimplementedIdentityServer
+	name, version string
+	controller    bool
+	pools         []*pool.Pool
+}
+
+// NewIdentity returns the Identity service. withController says whether this
+// process also serves the Controller service (the plugin capability).
+func NewIdentity(driverName, version string, withController bool, pools []*pool.Pool) *Identity {
+	return &Identity{name: driverName, version: version, controller: withController, pools: pools}
+}
+
+// GetPluginInfo returns the driver name and version.
+func (i *Identity) GetPluginInfo(context.Context, *csi.GetPluginInfoRequest) (*csi.GetPluginInfoResponse, error) {
+	return &csi.GetPluginInfoResponse{Name: i.name, VendorVersion: i.version}, nil
+}
+
+// GetPluginCapabilities reports topology, online expansion and, in controller
+// mode, the Controller service.
+func (i *Identity) GetPluginCapabilities(context.Context, *csi.GetPluginCapabilitiesRequest) (*csi.GetPluginCapabilitiesResponse, error) {
+	service := func(t csi.PluginCapability_Service_Type) *csi.PluginCapability {
+		return &csi.PluginCapability{Type: &csi.PluginCapability_Service_{Service: &csi.PluginCapability_Service{Type: t}}}
+	}
+	caps := []*csi.PluginCapability{
+		service(csi.PluginCapability_Service_VOLUME_ACCESSIBILITY_CONSTRAINTS),
+		{Type: &csi.PluginCapability_VolumeExpansion_{VolumeExpansion: &csi.PluginCapability_VolumeExpansion{Type: csi.PluginCapability_VolumeExpansion_ONLINE}}},
+	}
+	if i.controller {
+		caps = append(caps, service(csi.PluginCapability_Service_CONTROLLER_SERVICE))
+	}
+	return &csi.GetPluginCapabilitiesResponse{Capabilities: caps}, nil
+}
+
+// Probe is ready only while every pool is usable: its directory carries our
+// marker and accepts writes.
+func (i *Identity) Probe(ctx context.Context, _ *csi.ProbeRequest) (*csi.ProbeResponse, error) {
+	for _, p := range i.pools {
+		if err := p.Check(); err != nil {
+			klog.FromContext(ctx).Error(err, "Pool is not usable", "pool", p.Name)
+			return &csi.ProbeResponse{Ready: wrapperspb.Bool(false)}, nil
+		}
+	}
+	return &csi.ProbeResponse{Ready: wrapperspb.Bool(true)}, nil
+}

@@ -1,0 +1,164 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/loopvol/loopvol/pkg/pool"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// allVolumeIDs returns the IDs of every volume in every pool, sorted by their
+// string form: the order pagination tokens refer to.
+func (s *Server) allVolumeIDs() ([]pool.VolumeID, error) {
+	var ids []pool.VolumeID
+	for _, name := range s.poolNames {
+		more, err := s.pools[name].ListVolumeIDs()
+		if err != nil {
+			return nil, err
+		}
+		ids = append(ids, more...)
+	}
+	sort.Slice(ids, func(i, j int) bool { return ids[i].String() < ids[j].String() })
+	return ids, nil
+}
+
+// page cuts a sorted ID list at a starting token (the last ID of the previous
+// page) and a maximum; it returns the page and the next token. A token that
+// is not an ID we issue is ABORTED, as the spec asks.
+func page(ids []pool.VolumeID, token string, maxEntries int32) ([]pool.VolumeID, string, error) {
+	if maxEntries < 0 {
+		return nil, "", invalid("max_entries must not be negative")
+	}
+	start := 0
+	if token != "" {
+		if _, err := pool.ParseVolumeID(token); err != nil {
+			return nil, "", status.Errorf(codes.Aborted, "starting_token %q was not issued by loopvol", token)
+		}
+		start = sort.Search(len(ids), func(i int) bool { return ids[i].String() > token })
+	}
+	ids = ids[start:]
+	if maxEntries > 0 && int(maxEntries) < len(ids) {
+		return ids[:maxEntries], ids[maxEntries-1].String(), nil
+	}
+	return ids, "", nil
+}
+
+// ListVolumes lists volumes with the nodes they are published to, a page at
+// a time. A volume whose record cannot be read is listed with its ID only.
+func (s *Server) ListVolumes(ctx context.Context, req *csi.ListVolumesRequest) (*csi.ListVolumesResponse, error) {
+	ids, err := s.allVolumeIDs()
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	ids, next, err := page(ids, req.GetStartingToken(), req.GetMaxEntries())
+	if err != nil {
+		return nil, err
+	}
+	resp := &csi.ListVolumesResponse{NextToken: next}
+	for _, id := range ids {
+		p := s.pools[id.Pool]
+		entry := &csi.ListVolumesResponse_Entry{Volume: &csi.Volume{VolumeId: id.String()}, Status: &csi.ListVolumesResponse_VolumeStatus{}}
+		if v, err := p.ReadVolume(id); err == nil {
+			entry.Volume = s.csiVolume(p, v)
+			entry.Status.PublishedNodeIds = nodesOf(v)
+		} else if errors.Is(err, pool.ErrNotFound) {
+			continue // deleted while we listed
+		}
+		resp.Entries = append(resp.Entries, entry)
+	}
+	return resp, nil
+}
+
+// ControllerGetVolume describes one volume and the nodes it is published to.
+func (s *Server) ControllerGetVolume(ctx context.Context, req *csi.ControllerGetVolumeRequest) (*csi.ControllerGetVolumeResponse, error) {
+	if req.GetVolumeId() == "" {
+		return nil, invalid("volume_id is required")
+	}
+	p, id, err := s.lookup(req.GetVolumeId())
+	if err != nil {
+		return nil, err
+	}
+	v, err := p.ReadVolume(id)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &csi.ControllerGetVolumeResponse{
+		Volume: s.csiVolume(p, v),
+		Status: &csi.ControllerGetVolumeResponse_VolumeStatus{PublishedNodeIds: nodesOf(v)},
+	}, nil
+}
+
+// ControllerGetVolumeHealth reports the volume condition: CSI 1.13 moved the
+// old volume_condition of ListVolumes and ControllerGetVolume here.
+func (s *Server) ControllerGetVolumeHealth(ctx context.Context, req *csi.ControllerGetVolumeHealthRequest) (*csi.ControllerGetVolumeHealthResponse, error) {
+	if req.GetVolumeId() == "" {
+		return nil, invalid("volume_id is required")
+	}
+	p, id, err := s.lookup(req.GetVolumeId())
+	if err != nil {
+		return nil, err
+	}
+	h, err := health(p, id)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &csi.ControllerGetVolumeHealthResponse{VolumeHealth: h}, nil
+}
+
+// ControllerListVolumeHealth reports the condition of every volume, paged as
+// ListVolumes.
+func (s *Server) ControllerListVolumeHealth(ctx context.Context, req *csi.ControllerListVolumeHealthRequest) (*csi.ControllerListVolumeHealthResponse, error) {
+	ids, err := s.allVolumeIDs()
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	ids, next, err := page(ids, req.GetStartingToken(), req.GetMaxEntries())
+	if err != nil {
+		return nil, err
+	}
+	resp := &csi.ControllerListVolumeHealthResponse{NextToken: next}
+	for _, id := range ids {
+		h, err := health(s.pools[id.Pool], id)
+		if errors.Is(err, pool.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, toStatus(err)
+		}
+		resp.Entries = append(resp.Entries, h)
+	}
+	return resp, nil
+}
+
+// health checks what the controller can see of a volume: its record and its
+// image. An unknown volume is NOT_FOUND; a broken one is reported, not an
+// error.
+func health(p *pool.Pool, id pool.VolumeID) (*csi.VolumeHealth, error) {
+	h := &csi.VolumeHealth{VolumeId: id.String()}
+	bad := func(t csi.VolumeHealthErrorType, reason, msg string) (*csi.VolumeHealth, error) {
+		h.HealthStatuses = append(h.HealthStatuses, &csi.VolumeHealth_VolumeHealthEntry{Status: t, Reason: reason, Message: msg})
+		return h, nil
+	}
+	v, err := p.ReadVolume(id)
+	switch {
+	case errors.Is(err, pool.ErrCorrupt):
+		return bad(csi.VolumeHealthErrorType_INACCESSIBLE, "RecordCorrupt", err.Error())
+	case err != nil:
+		return nil, err
+	}
+	size, err := p.ImageSize(id)
+	switch {
+	case errors.Is(err, pool.ErrNotFound):
+		return bad(csi.VolumeHealthErrorType_DATA_LOSS, "ImageMissing", fmt.Sprintf("the image file %s is missing", p.ImagePath(id)))
+	case err != nil:
+		return bad(csi.VolumeHealthErrorType_INACCESSIBLE, "ImageUnreadable", err.Error())
+	case size < v.SizeBytes:
+		return bad(csi.VolumeHealthErrorType_DEGRADED, "ImageTooSmall", fmt.Sprintf("the image holds %d bytes, the volume is %d", size, v.SizeBytes))
+	}
+	return h, nil
+}

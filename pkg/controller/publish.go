@@ -1,0 +1,205 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strconv"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/loopvol/loopvol/pkg/pool"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"k8s.io/klog/v2"
+)
+
+// ControllerPublishVolume attaches a volume to a node by recording the
+// attachment in the volume record. Node plugins stage only volumes attached
+// to them, so this is what fences a single-node volume to one node.
+func (s *Server) ControllerPublishVolume(ctx context.Context, req *csi.ControllerPublishVolumeRequest) (*csi.ControllerPublishVolumeResponse, error) {
+	switch {
+	case req.GetVolumeId() == "":
+		return nil, invalid("volume_id is required")
+	case req.GetNodeId() == "":
+		return nil, invalid("node_id is required")
+	case req.GetVolumeCapability() == nil:
+		return nil, invalid("volume_capability is required")
+	}
+	accessType, fsType, mode, err := validateCapability(req.GetVolumeCapability(), s.defaultFsType)
+	if err != nil {
+		return nil, invalid("volume_capability: %v", err)
+	}
+	p, id, err := s.lookup(req.GetVolumeId())
+	if err != nil {
+		return nil, err
+	}
+	node := req.GetNodeId()
+	rec, err := p.ReadNode(node)
+	if errors.Is(err, pool.ErrNotFound) || errors.Is(err, pool.ErrInvalidID) {
+		return nil, status.Errorf(codes.NotFound, "node %q does not serve pool %s (no node plugin has registered it)", node, p.Name)
+	}
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	unlock, err := p.Lock(id)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	defer unlock()
+	v, err := p.ReadVolume(id)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	if v.AccessType != accessType || (accessType == pool.AccessMount && req.GetVolumeCapability().GetMount().GetFsType() != "" && v.FsType != fsType) {
+		return nil, invalid("volume %s is a %s; it cannot be published as a %s", id, describe(v.AccessType, v.FsType), describe(accessType, fsType))
+	}
+	readOnly := req.GetReadonly()
+	pubCtx := map[string]string{ContextNode: node, ContextReadOnly: strconv.FormatBool(readOnly), ContextAccessType: v.AccessType}
+	if a, ok := v.AttachedTo(node); ok {
+		if a.ReadOnly != readOnly {
+			return nil, status.Errorf(codes.AlreadyExists, "volume %s is attached to node %s with readonly=%t; detach it before publishing with readonly=%t", id, node, a.ReadOnly, readOnly)
+		}
+		return &csi.ControllerPublishVolumeResponse{PublishContext: pubCtx}, nil
+	}
+	if err := checkSharing(v, mode, readOnly); err != nil {
+		return nil, err
+	}
+	unlockNode := s.nodeLock(node)
+	defer unlockNode()
+	if rec.MaxVolumes > 0 {
+		n, err := s.countAttachments(node)
+		if err != nil {
+			return nil, toStatus(err)
+		}
+		if int64(n) >= rec.MaxVolumes {
+			return nil, status.Errorf(codes.ResourceExhausted, "node %s has %d volumes attached, its limit", node, n)
+		}
+	}
+	v.Attachments = append(v.Attachments, pool.Attachment{Node: node, ReadOnly: readOnly})
+	if err := p.WriteVolume(v); err != nil {
+		return nil, toStatus(err)
+	}
+	klog.FromContext(ctx).V(2).Info("Attached volume", "node", node, "readOnly", readOnly)
+	return &csi.ControllerPublishVolumeResponse{PublishContext: pubCtx}, nil
+}
+
+// checkSharing enforces the access mode when the volume gets another node:
+// single-node modes allow one node; MULTI_NODE_READER_ONLY allows many
+// read-only; MULTI_NODE_SINGLE_WRITER one writer among readers;
+// MULTI_NODE_MULTI_WRITER (block only) many of anything. The mode must be one
+// the volume was created with, so nobody widens it at publish time.
+func checkSharing(v *pool.Volume, mode string, readOnly bool) error {
+	if mode != csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER.String() &&
+		mode != csi.VolumeCapability_AccessMode_SINGLE_NODE_READER_ONLY.String() &&
+		mode != csi.VolumeCapability_AccessMode_SINGLE_NODE_SINGLE_WRITER.String() &&
+		mode != csi.VolumeCapability_AccessMode_SINGLE_NODE_MULTI_WRITER.String() &&
+		!slices.Contains(v.AccessModes, mode) {
+		return invalid("volume %s was created for %v; it cannot be published as %s", v.ID, v.AccessModes, mode)
+	}
+	if len(v.Attachments) == 0 {
+		return nil
+	}
+	others := nodesOf(v)
+	switch csi.VolumeCapability_AccessMode_Mode(csi.VolumeCapability_AccessMode_Mode_value[mode]) {
+	case csi.VolumeCapability_AccessMode_MULTI_NODE_READER_ONLY:
+		if !readOnly || slices.ContainsFunc(v.Attachments, func(a pool.Attachment) bool { return !a.ReadOnly }) {
+			return status.Errorf(codes.FailedPrecondition, "volume %s is attached to %v; MULTI_NODE_READER_ONLY shares it only read-only", v.ID, others)
+		}
+	case csi.VolumeCapability_AccessMode_MULTI_NODE_SINGLE_WRITER:
+		if !readOnly && slices.ContainsFunc(v.Attachments, func(a pool.Attachment) bool { return !a.ReadOnly }) {
+			return status.Errorf(codes.FailedPrecondition, "volume %s already has a writer among %v; MULTI_NODE_SINGLE_WRITER allows one", v.ID, others)
+		}
+	case csi.VolumeCapability_AccessMode_MULTI_NODE_MULTI_WRITER:
+	default:
+		return status.Errorf(codes.FailedPrecondition, "volume %s is attached to node %v; %s allows a single node", v.ID, others, mode)
+	}
+	return nil
+}
+
+// countAttachments counts the volumes attached to node over every pool.
+func (s *Server) countAttachments(node string) (int, error) {
+	total := 0
+	for _, name := range s.poolNames {
+		n, err := s.pools[name].CountAttachments(node)
+		if err != nil {
+			return 0, err
+		}
+		total += n
+	}
+	return total, nil
+}
+
+// ControllerUnpublishVolume removes the volume's attachment to a node (to all
+// nodes when node_id is empty). A volume or attachment that does not exist is
+// already unpublished: success.
+func (s *Server) ControllerUnpublishVolume(ctx context.Context, req *csi.ControllerUnpublishVolumeRequest) (*csi.ControllerUnpublishVolumeResponse, error) {
+	if req.GetVolumeId() == "" {
+		return nil, invalid("volume_id is required")
+	}
+	p, id, err := s.lookup(req.GetVolumeId())
+	if err != nil {
+		return &csi.ControllerUnpublishVolumeResponse{}, nil
+	}
+	unlock, err := p.Lock(id)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	defer unlock()
+	v, err := p.ReadVolume(id)
+	if errors.Is(err, pool.ErrNotFound) {
+		return &csi.ControllerUnpublishVolumeResponse{}, nil
+	}
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	kept := slices.DeleteFunc(slices.Clone(v.Attachments), func(a pool.Attachment) bool {
+		return req.GetNodeId() == "" || a.Node == req.GetNodeId()
+	})
+	if len(kept) == len(v.Attachments) {
+		return &csi.ControllerUnpublishVolumeResponse{}, nil
+	}
+	v.Attachments = kept
+	if err := p.WriteVolume(v); err != nil {
+		return nil, toStatus(err)
+	}
+	klog.FromContext(ctx).V(2).Info("Detached volume", "node", req.GetNodeId())
+	return &csi.ControllerUnpublishVolumeResponse{}, nil
+}
+
+// ValidateVolumeCapabilities confirms the capabilities a volume can serve.
+func (s *Server) ValidateVolumeCapabilities(ctx context.Context, req *csi.ValidateVolumeCapabilitiesRequest) (*csi.ValidateVolumeCapabilitiesResponse, error) {
+	if req.GetVolumeId() == "" {
+		return nil, invalid("volume_id is required")
+	}
+	if len(req.GetVolumeCapabilities()) == 0 {
+		return nil, invalid("volume_capabilities are required")
+	}
+	p, id, err := s.lookup(req.GetVolumeId())
+	if err != nil {
+		return nil, err
+	}
+	v, err := p.ReadVolume(id)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	if err := validateParameters(req.GetParameters()); err != nil {
+		return &csi.ValidateVolumeCapabilitiesResponse{Message: err.Error()}, nil
+	}
+	for i, c := range req.GetVolumeCapabilities() {
+		accessType, fsType, mode, err := validateCapability(c, v.FsType)
+		if err != nil {
+			return &csi.ValidateVolumeCapabilitiesResponse{Message: "volume_capabilities[" + strconv.Itoa(i) + "]: " + err.Error()}, nil
+		}
+		if accessType != v.AccessType || fsType != v.FsType {
+			return &csi.ValidateVolumeCapabilitiesResponse{Message: "volume " + v.ID + " is a " + describe(v.AccessType, v.FsType) + ", not a " + describe(accessType, fsType)}, nil
+		}
+		if err := checkSharing(&pool.Volume{ID: v.ID, AccessModes: v.AccessModes}, mode, false); err != nil {
+			return &csi.ValidateVolumeCapabilitiesResponse{Message: status.Convert(err).Message()}, nil
+		}
+	}
+	return &csi.ValidateVolumeCapabilitiesResponse{Confirmed: &csi.ValidateVolumeCapabilitiesResponse_Confirmed{
+		VolumeContext:      req.GetVolumeContext(),
+		VolumeCapabilities: req.GetVolumeCapabilities(),
+		Parameters:         req.GetParameters(),
+	}}, nil
+}

@@ -1,0 +1,121 @@
+package csiserver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"runtime/debug"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/kubernetes-csi/csi-lib-utils/metrics"
+	"github.com/kubernetes-csi/csi-lib-utils/protosanitizer"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"k8s.io/klog/v2"
+)
+
+// Config says what to serve where.
+type Config struct {
+	// Endpoint is "unix:///path/to/csi.sock".
+	Endpoint string
+	// Identity is always served; Controller and Node when not nil.
+	Identity   csi.IdentityServer
+	Controller csi.ControllerServer
+	Node       csi.NodeServer
+	// Metrics records csi_plugin_operations_seconds; may be nil.
+	Metrics metrics.CSIMetricsManager
+}
+
+// Server is a running CSI gRPC server.
+type Server struct {
+	grpc     *grpc.Server
+	listener net.Listener
+	path     string
+}
+
+// Listen opens the socket and registers the services; Serve starts answering.
+// Splitting the two lets the caller report "listening" only once the socket
+// exists.
+func Listen(ctx context.Context, cfg Config) (*Server, error) {
+	if cfg.Identity == nil {
+		return nil, errors.New("an identity server is required")
+	}
+	path, err := ParseEndpoint(cfg.Endpoint)
+	if err != nil {
+		return nil, err
+	}
+	l, err := listen(path)
+	if err != nil {
+		return nil, err
+	}
+	logger := klog.FromContext(ctx)
+	g := grpc.NewServer(grpc.UnaryInterceptor(interceptor(logger, cfg.Metrics)))
+	csi.RegisterIdentityServer(g, cfg.Identity)
+	if cfg.Controller != nil {
+		csi.RegisterControllerServer(g, cfg.Controller)
+	}
+	if cfg.Node != nil {
+		csi.RegisterNodeServer(g, cfg.Node)
+	}
+	return &Server{grpc: g, listener: l, path: path}, nil
+}
+
+// Serve answers requests until ctx is done, then stops: running calls get
+// up to a grace period to finish, and the socket file is removed.
+func (s *Server) Serve(ctx context.Context) error {
+	errc := make(chan error, 1)
+	go func() { errc <- s.grpc.Serve(s.listener) }()
+	select {
+	case err := <-errc:
+		os.Remove(s.path)
+		return err
+	case <-ctx.Done():
+	}
+	stopped := make(chan struct{})
+	go func() { s.grpc.GracefulStop(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-time.After(30 * time.Second):
+		// A mkfs of a huge volume must not hold up a restart forever.
+		s.grpc.Stop()
+	}
+	os.Remove(s.path)
+	return nil
+}
+
+// volumeIDGetter matches every CSI request that carries a volume ID.
+type volumeIDGetter interface{ GetVolumeId() string }
+
+func interceptor(base klog.Logger, m metrics.CSIMetricsManager) grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (resp any, err error) {
+		start := time.Now()
+		logger := base.WithValues("method", info.FullMethod)
+		if r, ok := req.(volumeIDGetter); ok && r.GetVolumeId() != "" {
+			logger = logger.WithValues("volumeID", r.GetVolumeId())
+		}
+		ctx = klog.NewContext(ctx, logger)
+		logger.V(5).Info("Received request", "request", protosanitizer.StripSecrets(req))
+		defer func() {
+			if r := recover(); r != nil {
+				logger.Error(fmt.Errorf("panic: %v", r), "Request handler panicked", "stack", string(debug.Stack()))
+				err = status.Error(codes.Internal, "internal error (panic); see the driver log")
+			}
+			if err != nil {
+				if _, isStatus := status.FromError(err); !isStatus {
+					err = status.Error(codes.Internal, err.Error())
+				}
+				logger.V(2).Info("Request failed", "code", status.Code(err), "err", err, "duration", time.Since(start))
+			} else {
+				logger.V(5).Info("Sent response", "response", protosanitizer.StripSecrets(resp), "duration", time.Since(start))
+			}
+			if m != nil {
+				m.RecordMetrics(info.FullMethod, err, time.Since(start))
+			}
+		}()
+		return handler(ctx, req)
+	}
+}
