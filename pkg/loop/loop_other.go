@@ -17,7 +17,9 @@ var _ Interface = Devices{}
 func New() Devices { return Devices{} }
 
 // Attach fails with errors.ErrUnsupported.
-func (Devices) Attach(context.Context, string, bool) (string, error) { return "", errors.ErrUnsupported }
+func (Devices) Attach(context.Context, string, bool) (string, error) {
+	return "", errors.ErrUnsupported
+}
 
 // Find fails with errors.ErrUnsupported.
 func (Devices) Find(string) (string, bool, error) { return "", false, errors.ErrUnsupported }

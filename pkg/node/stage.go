@@ -1,0 +1,197 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"time"
+
+	"k8s.io/klog/v2"
+	mount "k8s.io/mount-utils"
+
+	"github.com/loopvol/loopvol/pkg/loop"
+	"github.com/loopvol/loopvol/pkg/pool"
+)
+
+// formatOptions are the mkfs options per filesystem, before mount-utils'
+// own (-F -m0 for ext4, -f for xfs).
+//
+// Never discard: on a loop device a discard punches holes into the image,
+// handing back blocks the pool promised to the volume (DESIGN.md: images are
+// fallocate'd), and it is slow. ext4 also skips zeroing the inode tables and
+// the journal at mkfs time (lazy_itable_init, lazy_journal_init): a new
+// image reads as zeroes anyway, and this takes most of the time out of
+// staging a new volume; the kernel finishes the inode tables in the
+// background.
+var formatOptions = map[string][]string{
+	fsExt4: {"-E", "nodiscard,lazy_itable_init=1,lazy_journal_init=1"},
+	fsXFS:  {"-K"},
+}
+
+// stage implements NodeStageVolume.
+func (n *node) stage(ctx context.Context, a stageArgs) error {
+	logger := klog.FromContext(ctx)
+	_, v, att, err := n.attachedVolume(a.id)
+	if err != nil {
+		return err
+	}
+	if err := checkAccessType(v, a.cap); err != nil {
+		return err
+	}
+	readOnly := att.ReadOnly || a.cap.readOnly()
+
+	if !a.cap.block {
+		// Look at the staging path before attaching anything, so that a
+		// conflict changes nothing. Mounted from this volume: a repeated call,
+		// or a plugin that restarted; done.
+		mp, mounted, err := n.mountAt(a.staging)
+		if err != nil {
+			return err
+		}
+		if mounted {
+			dev, ok, err := n.findDevice(a.id)
+			if err != nil {
+				return err
+			}
+			if ok && n.mountedFrom(mp, dev) {
+				logger.V(4).Info("Volume was already staged", "stagingTargetPath", a.staging, "device", dev)
+				return nil
+			}
+			return kindf(errConflict, "staging path %s is already mounted from %s, not from volume %s", a.staging, mp.Device, a.id)
+		}
+	}
+
+	dev, err := n.ensureDevice(ctx, a.id, readOnly)
+	if err != nil {
+		return err
+	}
+	if a.cap.block {
+		logger.V(2).Info("Staged block volume", "device", dev, "readOnly", readOnly)
+		return nil
+	}
+
+	if err := mkdir(a.staging); err != nil {
+		return err
+	}
+	fsType := a.cap.fsType
+	if fsType == "" {
+		fsType = v.FsType
+	}
+	if fsType == "" {
+		fsType = fsExt4
+	}
+	opts := append([]string(nil), a.cap.mountFlags...)
+	if readOnly {
+		opts = append(opts, "ro")
+	}
+	start := time.Now()
+	// FormatAndMount makes the filesystem only when blkid finds the device
+	// blank, and checks (fsck) an existing one before mounting it writable.
+	err = n.withContext(ctx).FormatAndMountSensitiveWithFormatOptions(dev, a.staging, fsType, opts, nil, formatOptions[fsType])
+	if err != nil {
+		var me mount.MountError
+		if errors.As(err, &me) && (me.Type == mount.UnformattedReadOnly || me.Type == mount.FilesystemMismatch) {
+			return kindf(errUnusable, "volume %s: %w", a.id, err)
+		}
+		return fmt.Errorf("volume %s: format and mount %s on %s: %w", a.id, dev, a.staging, err)
+	}
+	logger.V(2).Info("Staged volume", "device", dev, "stagingTargetPath", a.staging, "fsType", fsType,
+		"readOnly", readOnly, "duration", time.Since(start))
+	return nil
+}
+
+// ensureDevice returns the loop device of the volume's image, attaching the
+// image if it has none. A read-only device that is wanted writable (the
+// volume was attached read-only before) is attached again, if nothing uses it.
+func (n *node) ensureDevice(ctx context.Context, id pool.VolumeID, readOnly bool) (string, error) {
+	logger := klog.FromContext(ctx)
+	dev, ok, err := n.findDevice(id)
+	if err != nil {
+		return "", err
+	}
+	if ok {
+		st, err := n.Loop.Status(dev)
+		switch {
+		case errors.Is(err, loop.ErrNotAttached):
+			// detached while we looked: attach anew
+		case err != nil:
+			return "", fmt.Errorf("volume %s: %w", id, err)
+		case !st.ReadOnly || readOnly:
+			return dev, nil
+		default:
+			users, err := n.users(dev)
+			if err != nil {
+				return "", err
+			}
+			if len(users) > 0 {
+				return "", kindf(errInUse, "volume %s: its loop device %s is read-only and in use at %v", id, dev, users)
+			}
+			if err := n.Loop.Detach(dev); err != nil {
+				return "", fmt.Errorf("volume %s: detach read-only device %s: %w", id, dev, err)
+			}
+			logger.V(2).Info("Detached read-only loop device to attach it writable", "device", dev)
+		}
+	}
+	image := n.pools[id.Pool].ImagePath(id)
+	if _, err := os.Stat(image); errors.Is(err, fs.ErrNotExist) {
+		return "", kindf(pool.ErrCorrupt, "volume %s: its image %s is missing", id, image)
+	}
+	dev, err = n.Loop.Attach(ctx, image, readOnly)
+	if err != nil {
+		return "", fmt.Errorf("volume %s: %w", id, err)
+	}
+	st, err := n.Loop.Status(dev)
+	if err != nil {
+		return "", fmt.Errorf("volume %s: %w", id, err)
+	}
+	if !st.DirectIO {
+		logger.Info("Loop device uses buffered I/O: the pool's filesystem refused direct I/O", "device", dev, "image", image)
+	}
+	logger.V(2).Info("Attached loop device", "device", dev, "directIO", st.DirectIO, "readOnly", readOnly)
+	return dev, nil
+}
+
+// unstage implements NodeUnstageVolume. It needs no volume record, so a
+// volume whose record is damaged can still be cleaned up.
+func (n *node) unstage(ctx context.Context, a unstageArgs) error {
+	logger := klog.FromContext(ctx)
+	dev, found, err := n.findDevice(a.id)
+	if err != nil {
+		return err
+	}
+	mp, mounted, err := n.mountAt(a.staging)
+	if err != nil {
+		return err
+	}
+	if mounted {
+		if !found || !n.mountedFrom(mp, dev) {
+			return kindf(errInUse, "staging path %s is mounted from %s, not from volume %s: not unmounting it", a.staging, mp.Device, a.id)
+		}
+		// Unmounting the staging path while a pod's bind mount remains would
+		// leave the filesystem mounted with nothing to unstage it later.
+		if users, err := n.users(dev, a.staging); err != nil {
+			return err
+		} else if len(users) > 0 {
+			return kindf(errInUse, "volume %s is still published at %v", a.id, users)
+		}
+		if err := n.cleanup(a.staging); err != nil {
+			return fmt.Errorf("volume %s: %w", a.id, err)
+		}
+		logger.V(2).Info("Unmounted staging path", "stagingTargetPath", a.staging, "device", dev)
+	}
+	if !found {
+		return nil
+	}
+	if users, err := n.users(dev); err != nil {
+		return err
+	} else if len(users) > 0 {
+		return kindf(errInUse, "volume %s is still in use at %v", a.id, users)
+	}
+	if err := n.Loop.Detach(dev); err != nil {
+		return fmt.Errorf("volume %s: %w", a.id, err)
+	}
+	logger.V(2).Info("Unstaged volume", "device", dev)
+	return nil
+}
