@@ -1,0 +1,59 @@
+# loopvol — make help lists the targets.
+SHELL := /bin/bash
+GO ?= go
+BIN := $(CURDIR)/bin
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS := -X main.version=$(VERSION)
+RUN := $(CURDIR)/_run
+# Packages of the default test run: everything but the suites that need the
+# built binaries and the control plane (they have their own targets).
+UNIT_PKGS := $(shell $(GO) list ./... | grep -v -e /test/ )
+
+.PHONY: help build tools run test test-fmt test-vet test-go test-sanity test-e2e bench clean
+
+help: ##@ Show this help.
+	@awk 'BEGIN {FS = ":.*##@ "} /^[a-zA-Z_-]+:.*##@ / {printf "  %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+build: ##@ Build bin/driver and bin/attacher.
+	@echo "### build"
+	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/driver ./cmd/driver
+	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/attacher ./cmd/attacher
+
+tools: ##@ Build bin/kube-apiserver and bin/etcd once (the first build takes ~10-15 minutes; cached after).
+	@echo "### tools"
+	@hack/tools/build.sh $(BIN)
+
+run: build ##@ Start the driver (all services) on pool ./_run/pool, socket ./_run/csi.sock.
+	@mkdir -p $(RUN)/pool $(RUN)/kubelet
+	@echo "loopvol driver: socket unix://$(RUN)/csi.sock, pool default=$(RUN)/pool, kubelet dir $(RUN)/kubelet, metrics http://127.0.0.1:9808/metrics"
+	@echo "try: csc or grpcurl against unix://$(RUN)/csi.sock (Ctrl-C stops it)"
+	$(BIN)/driver --mode=all --endpoint=unix://$(RUN)/csi.sock --pool=default=$(RUN)/pool \
+		--kubelet-dir=$(RUN)/kubelet --node-id=$$(hostname) --http-endpoint=127.0.0.1:9808 --v=2
+
+test: test-fmt test-vet test-go test-sanity test-e2e ##@ Run every check and test (real loop devices and mounts need root).
+
+test-fmt:
+	@echo "### test-fmt"
+	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v '^hack/tools/')); if [ -n "$$out" ]; then echo "not gofmt'ed:"; echo "$$out"; exit 1; fi
+
+test-vet:
+	@echo "### test-vet"
+	$(GO) vet ./...
+
+test-go: ##@ Unit tests and real-device tests of every package (-race).
+	@echo "### test-go"
+	$(GO) test -race -count=1 $(UNIT_PKGS)
+
+test-sanity: build ##@ csi-sanity against the real driver (root: loop devices and mounts).
+	@echo "### test-sanity"
+	$(GO) test -count=1 -timeout 30m -v ./test/sanity/ 2>&1 | tee $(BIN)/sanity.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|sanity:)|Ran [0-9]+ of' ; exit $${PIPESTATUS[0]}
+
+test-e2e: build tools ##@ Real binaries against a real kube-apiserver and etcd.
+	@echo "### test-e2e"
+	$(GO) test -count=1 -timeout 40m ./test/e2e/
+
+bench: build tools ##@ Benchmarks that print figures (see docs/benchmarks.md).
+	$(GO) test -run '^$$' -bench . -benchtime 1x -timeout 60m -v ./test/bench/
+
+clean: ##@ Remove built binaries (not the tools cache) and _run.
+	rm -rf $(BIN)/driver $(BIN)/attacher $(RUN)

@@ -1,0 +1,157 @@
+// Package sanity runs csi-sanity against the real driver binary with real
+// loop devices and mounts: once per volume shape (ext4, xfs, raw block), each
+// in a process of its own because Ginkgo runs one suite per process.
+package sanity
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/kubernetes-csi/csi-test/v5/pkg/sanity"
+	"github.com/loopvol/loopvol/test/internal/driverproc"
+	"github.com/onsi/ginkgo/v2"
+	"github.com/onsi/ginkgo/v2/types"
+)
+
+// contextEnv selects the shape when the test binary re-runs itself.
+const contextEnv = "LOOPVOL_SANITY_CONTEXT"
+
+// maxVolumes is the node limit under test; small, so that csi-sanity's limit
+// check (publish N, the N+1th fails) stays quick.
+const maxVolumes = 4
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	driverproc.Cleanup()
+	os.Exit(code)
+}
+
+// TestSanity runs each shape in a child process and reports its summary.
+func TestSanity(t *testing.T) {
+	if os.Getenv(contextEnv) != "" {
+		t.Skip("child process")
+	}
+	driverproc.RequireRoot(t)
+	driverproc.Binary(t) // build once, before the children need it
+	for _, shape := range []string{"ext4", "xfs", "block"} {
+		t.Run(shape, func(t *testing.T) {
+			cmd := exec.Command(os.Args[0], "-test.run=^TestSanityShape$", "-test.v")
+			cmd.Env = append(os.Environ(), contextEnv+"="+shape)
+			out, err := cmd.CombinedOutput()
+			summary := ""
+			for _, line := range strings.Split(string(out), "\n") {
+				if strings.HasPrefix(line, "sanity:") {
+					summary += line + "\n"
+				}
+			}
+			t.Logf("csi-sanity %s:\n%s", shape, summary)
+			fmt.Print(summary)
+			if err != nil {
+				t.Fatalf("csi-sanity %s failed: %v\n%s", shape, err, lastLines(string(out), 200))
+			}
+			if summary == "" {
+				t.Fatalf("csi-sanity %s printed no summary:\n%s", shape, lastLines(string(out), 100))
+			}
+		})
+	}
+}
+
+// TestSanityShape is the child: one csi-sanity run against one driver.
+func TestSanityShape(t *testing.T) {
+	shape := os.Getenv(contextEnv)
+	if shape == "" {
+		t.Skip("run through TestSanity")
+	}
+	driverproc.RequireRoot(t)
+	dir := t.TempDir()
+	kubelet := filepath.Join(dir, "kubelet")
+	poolDir := filepath.Join(dir, "pool")
+	for _, d := range []string{kubelet, poolDir} {
+		if err := os.MkdirAll(d, 0o750); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fs := "ext4"
+	if shape == "xfs" {
+		fs = "xfs"
+	}
+	d := driverproc.Start(t, dir, "--mode=all", "--node-id=sanity-node", "--zone=z1",
+		"--pool=sanity="+poolDir, "--kubelet-dir="+kubelet, "--default-fstype="+fs,
+		fmt.Sprintf("--max-volumes-per-node=%d", maxVolumes))
+	t.Cleanup(func() {
+		// Whatever a failed spec left: the driver is stopped by now (cleanups
+		// run last-in first-out), so unmount and detach by hand.
+		for _, line := range driverproc.Mounts(dir) {
+			if f := strings.Fields(line); len(f) > 4 {
+				exec.Command("umount", "-l", f[4]).Run()
+			}
+		}
+		for _, dev := range driverproc.LoopDevicesOf(dir) {
+			exec.Command("losetup", "-d", dev).Run()
+		}
+	})
+
+	cfg := sanity.NewTestConfig()
+	cfg.Address = d.Endpoint
+	cfg.TargetPath = filepath.Join(kubelet, "pods", "sanity-target")
+	cfg.StagingPath = filepath.Join(kubelet, "plugins", "sanity-staging")
+	cfg.TestVolumeSize = 512 << 20 // above xfs' 300 MiB minimum, small enough for the limit test
+	cfg.TestVolumeExpandSize = 768 << 20
+	cfg.IdempotentCount = 2
+	cfg.TestNodeVolumeAttachLimit = true
+	cfg.TestVolumeParameters = map[string]string{"pool": "sanity"}
+	if shape == "block" {
+		cfg.TestVolumeAccessType = "block"
+	}
+	sanity.Test(t, cfg)
+}
+
+// The summary: how many specs ran, passed and were skipped, and why each
+// skipped one does not apply (the skip message csi-sanity gives).
+var _ = ginkgo.ReportAfterSuite("loopvol sanity summary", func(r ginkgo.Report) {
+	ran, passed, failed, skipped := 0, 0, 0, 0
+	reasons := map[string]int{}
+	for _, s := range r.SpecReports {
+		if s.LeafNodeType != types.NodeTypeIt {
+			continue
+		}
+		switch s.State {
+		case types.SpecStatePassed:
+			ran++
+			passed++
+		case types.SpecStateSkipped, types.SpecStatePending:
+			skipped++
+			msg := s.Failure.Message
+			if s.State == types.SpecStatePending {
+				msg = "pending in csi-sanity itself"
+			}
+			reasons[msg]++
+		default:
+			ran++
+			failed++
+		}
+	}
+	shape := os.Getenv(contextEnv)
+	fmt.Printf("sanity: %s: %d specs ran, %d passed, %d failed, %d skipped\n", shape, ran, passed, failed, skipped)
+	var keys []string
+	for k := range reasons {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		fmt.Printf("sanity: %s: skipped %d: %s\n", shape, reasons[k], k)
+	}
+})
+
+func lastLines(s string, n int) string {
+	lines := strings.Split(s, "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
