@@ -20,7 +20,6 @@ import (
 type Fake struct {
 	mu      sync.Mutex
 	devices map[string]*device // devPath → device
-	next    int
 	// NoDirectIO makes Attach fall back to buffered I/O, as on a backing
 	// filesystem that refuses direct I/O.
 	NoDirectIO bool
@@ -61,8 +60,14 @@ func (f *Fake) Attach(ctx context.Context, imagePath string, readOnly bool) (str
 	if err != nil {
 		return "", fmt.Errorf("open image: %w", err)
 	}
-	devPath := fmt.Sprintf("/dev/loop%d", f.next)
-	f.next++
+	// Like the kernel, hand out the lowest free device number.
+	var devPath string
+	for n := 0; ; n++ {
+		devPath = fmt.Sprintf("/dev/loop%d", n)
+		if _, used := f.devices[devPath]; !used {
+			break
+		}
+	}
 	f.devices[devPath] = &device{image: filepath.Clean(imagePath), readOnly: readOnly, directIO: !f.NoDirectIO, size: st.Size()}
 	return devPath, nil
 }
