@@ -93,7 +93,7 @@ func DirectIODir(t testing.TB) string {
 	if err := os.WriteFile(image, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.Truncate(image, 1<<30); err != nil {
+	if err := os.Truncate(image, 8<<30); err != nil { // sparse: room for GiB-sized volumes
 		t.Fatal(err)
 	}
 	DetachUnder(t, dir)
