@@ -16,6 +16,7 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
 	"k8s.io/klog/v2/ktesting"
 	mount "k8s.io/mount-utils"
 	utilexec "k8s.io/utils/exec"
@@ -367,6 +368,9 @@ func TestRealBlockVolume(t *testing.T) {
 	}
 	pattern := []byte(strings.Repeat("loopvol!", loop.BlockSize/8))
 	writeAt(t, publish.TargetPath, pattern, 32*mib)
+	// The bind mount of the device node counts as a user of the device.
+	_, err = f.srv.NodeUnstageVolume(f.ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id.String(), StagingTargetPath: stage.StagingTargetPath})
+	wantCode(t, err, codes.FailedPrecondition)
 
 	f.unpublish(id, publish.TargetPath)
 	f.unstage(id, stage.StagingTargetPath)
@@ -416,6 +420,32 @@ func TestRealReadOnlyPublish(t *testing.T) {
 	}
 	f.unpublish(id, ro.TargetPath)
 	f.unpublish(id, rw.TargetPath)
+	f.unstage(id, stage.StagingTargetPath)
+	f.checkGone(id)
+}
+
+// TestRealForeignMount: a target that already holds another filesystem is
+// neither mounted over nor unmounted.
+func TestRealForeignMount(t *testing.T) {
+	f := newRealFixture(t)
+	id := f.volumeOfSize("foreign", pool.AccessMount, "ext4", 64*mib, pool.Attachment{Node: testNode})
+	c := mountCap("ext4", snw)
+	stage, publish := f.stageReq(id, c), f.publishReq(id, c, "pod1")
+	f.stage(stage)
+	if err := os.MkdirAll(publish.TargetPath, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("tmpfs", publish.TargetPath, "tmpfs", 0, "size=1m"); err != nil {
+		t.Fatal(err)
+	}
+	_, err := f.srv.NodePublishVolume(f.ctx, publish)
+	wantCode(t, err, codes.AlreadyExists)
+	_, err = f.srv.NodeUnpublishVolume(f.ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id.String(), TargetPath: publish.TargetPath})
+	wantCode(t, err, codes.FailedPrecondition)
+	if err := unix.Unmount(publish.TargetPath, 0); err != nil {
+		t.Errorf("the foreign tmpfs was not left mounted: %v", err)
+	}
+	f.unpublish(id, publish.TargetPath)
 	f.unstage(id, stage.StagingTargetPath)
 	f.checkGone(id)
 }
