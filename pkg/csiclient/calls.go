@@ -1,0 +1,69 @@
+package csiclient
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+)
+
+// ControllerPublish calls ControllerPublishVolume, bounded by Config.Timeout,
+// and returns the publish context. An error keeps its gRPC status (IsFinal
+// and Code see it). The request's secrets are never logged.
+func (c *Client) ControllerPublish(ctx context.Context, req *csi.ControllerPublishVolumeRequest) (map[string]string, error) {
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
+	defer cancel()
+	rsp, err := c.controller.ControllerPublishVolume(ctx, req)
+	if err != nil {
+		return nil, fmt.Errorf("ControllerPublishVolume: %w", err)
+	}
+	return rsp.GetPublishContext(), nil
+}
+
+// ControllerUnpublish calls ControllerUnpublishVolume, bounded by
+// Config.Timeout. An error keeps its gRPC status.
+func (c *Client) ControllerUnpublish(ctx context.Context, req *csi.ControllerUnpublishVolumeRequest) error {
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
+	defer cancel()
+	if _, err := c.controller.ControllerUnpublishVolume(ctx, req); err != nil {
+		return fmt.Errorf("ControllerUnpublishVolume: %w", err)
+	}
+	return nil
+}
+
+// ListVolumes pages through ListVolumes (Config.MaxEntries per page, the
+// whole pass bounded by Config.Timeout) and returns, for each volume ID, the
+// node IDs it is published on. Entries without a status are left out: the
+// driver says nothing about where they are published. It is an error when
+// the driver does not offer LIST_VOLUMES, or returns a page token it returned
+// before (it would never end).
+func (c *Client) ListVolumes(ctx context.Context) (map[string][]string, error) {
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
+	defer cancel()
+	published := map[string][]string{}
+	seen := map[string]bool{}
+	token := ""
+	for {
+		rsp, err := c.controller.ListVolumes(ctx, &csi.ListVolumesRequest{
+			MaxEntries:    int32(c.cfg.MaxEntries), // Validate bounds it
+			StartingToken: token,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("ListVolumes: %w", err)
+		}
+		for _, e := range rsp.GetEntries() {
+			if e.GetVolume() == nil || e.GetStatus() == nil {
+				continue
+			}
+			published[e.GetVolume().GetVolumeId()] = e.GetStatus().GetPublishedNodeIds()
+		}
+		token = rsp.GetNextToken()
+		if token == "" {
+			return published, nil
+		}
+		if seen[token] {
+			return nil, fmt.Errorf("ListVolumes: the driver returned page token %q twice", token)
+		}
+		seen[token] = true
+	}
+}
