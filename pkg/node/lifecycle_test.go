@@ -244,14 +244,7 @@ func TestBusyVolumeIsAborted(t *testing.T) {
 func TestRestartFindsState(t *testing.T) {
 	f := newFixture(t)
 	id := f.volume("vol", pool.AccessMount, "", pool.Attachment{Node: testNode})
-	c := mountCap("", snw)
-	stage, publish := f.stageReq(id, c), f.publishReq(id, c, "pod1")
-	if _, err := f.srv.NodeStageVolume(f.ctx, stage); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := f.srv.NodePublishVolume(f.ctx, publish); err != nil {
-		t.Fatal(err)
-	}
+	stage, publish := f.stageAndPublish(id, mountCap("", snw), "pod1")
 	restarted, err := New(f.cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -279,14 +272,7 @@ func TestRestartFindsState(t *testing.T) {
 func TestExpand(t *testing.T) {
 	f := newFixture(t)
 	id := f.volume("vol", pool.AccessMount, "", pool.Attachment{Node: testNode})
-	c := mountCap("", snw)
-	stage, publish := f.stageReq(id, c), f.publishReq(id, c, "pod1")
-	if _, err := f.srv.NodeStageVolume(f.ctx, stage); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := f.srv.NodePublishVolume(f.ctx, publish); err != nil {
-		t.Fatal(err)
-	}
+	_, publish := f.stageAndPublish(id, mountCap("", snw), "pod1")
 	v, err := f.pool.ReadVolume(id)
 	if err != nil {
 		t.Fatal(err)
@@ -316,14 +302,7 @@ func TestExpand(t *testing.T) {
 func TestStatsAndHealth(t *testing.T) {
 	f := newFixture(t)
 	id := f.volume("vol", pool.AccessMount, "", pool.Attachment{Node: testNode})
-	c := mountCap("", snw)
-	stage, publish := f.stageReq(id, c), f.publishReq(id, c, "pod1")
-	if _, err := f.srv.NodeStageVolume(f.ctx, stage); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := f.srv.NodePublishVolume(f.ctx, publish); err != nil {
-		t.Fatal(err)
-	}
+	stage, publish := f.stageAndPublish(id, mountCap("", snw), "pod1")
 	stats, err := f.srv.NodeGetVolumeStats(f.ctx, &csi.NodeGetVolumeStatsRequest{VolumeId: id.String(), VolumePath: publish.TargetPath})
 	if err != nil {
 		t.Fatalf("NodeGetVolumeStats: %v", err)

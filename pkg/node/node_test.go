@@ -116,6 +116,19 @@ func (f *fixture) publishReq(id pool.VolumeID, c *csi.VolumeCapability, target s
 	}
 }
 
+// stageAndPublish stages the volume and publishes it at target.
+func (f *fixture) stageAndPublish(id pool.VolumeID, c *csi.VolumeCapability, target string) (*csi.NodeStageVolumeRequest, *csi.NodePublishVolumeRequest) {
+	f.t.Helper()
+	stage, publish := f.stageReq(id, c), f.publishReq(id, c, target)
+	if _, err := f.srv.NodeStageVolume(f.ctx, stage); err != nil {
+		f.t.Fatalf("NodeStageVolume: %v", err)
+	}
+	if _, err := f.srv.NodePublishVolume(f.ctx, publish); err != nil {
+		f.t.Fatalf("NodePublishVolume: %v", err)
+	}
+	return stage, publish
+}
+
 func (f *fixture) mountsAt(path string) []mount.MountPoint {
 	mps, _ := f.mounter.List()
 	var out []mount.MountPoint

@@ -13,11 +13,8 @@ import (
 // (mount) or of the loop device node onto a file (block) at the target path.
 func (n *node) publish(ctx context.Context, a publishArgs) error {
 	logger := klog.FromContext(ctx)
-	_, v, att, err := n.attachedVolume(a.id)
+	_, att, err := n.usableVolume(a.id, a.cap)
 	if err != nil {
-		return err
-	}
-	if err := checkAccessType(v, a.cap); err != nil {
 		return err
 	}
 	dev, found, err := n.findDevice(a.id)

@@ -49,6 +49,19 @@ func (n *node) attachedVolume(id pool.VolumeID) (*pool.Pool, *pool.Volume, pool.
 	return p, v, att, nil
 }
 
+// usableVolume is attachedVolume plus checkAccessType: the volume is attached
+// here and the request uses it the way it was made.
+func (n *node) usableVolume(id pool.VolumeID, c capability) (*pool.Volume, pool.Attachment, error) {
+	_, v, att, err := n.attachedVolume(id)
+	if err != nil {
+		return nil, att, err
+	}
+	if err := checkAccessType(v, c); err != nil {
+		return nil, att, err
+	}
+	return v, att, nil
+}
+
 // checkAccessType checks that a request uses the volume the way it was made.
 func checkAccessType(v *pool.Volume, c capability) error {
 	if c.block != (v.AccessType == pool.AccessBlock) {

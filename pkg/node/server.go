@@ -129,92 +129,75 @@ func (s *Server) lock(id pool.VolumeID) (unlock func(), err error) {
 	return mu.Unlock, nil
 }
 
-// NodeStageVolume attaches the volume's image and, in mount mode, makes the
-// filesystem if the device is blank and mounts it on the staging path.
-func (s *Server) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRequest) (*csi.NodeStageVolumeResponse, error) {
-	a, err := s.node.stageArgs(req)
-	if err != nil {
-		return nil, toStatus(err)
+// volumeArgs are checked request arguments that name a volume.
+type volumeArgs interface{ volumeID() pool.VolumeID }
+
+func (a stageArgs) volumeID() pool.VolumeID     { return a.id }
+func (a unstageArgs) volumeID() pool.VolumeID   { return a.id }
+func (a publishArgs) volumeID() pool.VolumeID   { return a.id }
+func (a unpublishArgs) volumeID() pool.VolumeID { return a.id }
+func (a expandArgs) volumeID() pool.VolumeID    { return a.id }
+
+// locked is the shape of every volume RPC that changes something: the
+// request was checked (argErr), then the volume's lock is taken without
+// waiting, then act runs; every error becomes a status here.
+func locked[A volumeArgs, R any](s *Server, a A, argErr error, act func(A) (*R, error)) (*R, error) {
+	if argErr != nil {
+		return nil, toStatus(argErr)
 	}
-	unlock, err := s.lock(a.id)
+	unlock, err := s.lock(a.volumeID())
 	if err != nil {
 		return nil, toStatus(err)
 	}
 	defer unlock()
-	if err := s.node.stage(ctx, a); err != nil {
+	resp, err := act(a)
+	if err != nil {
 		return nil, toStatus(err)
 	}
-	return &csi.NodeStageVolumeResponse{}, nil
+	return resp, nil
+}
+
+// NodeStageVolume attaches the volume's image and, in mount mode, makes the
+// filesystem if the device is blank and mounts it on the staging path.
+func (s *Server) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRequest) (*csi.NodeStageVolumeResponse, error) {
+	a, err := s.node.stageArgs(req)
+	return locked(s, a, err, func(a stageArgs) (*csi.NodeStageVolumeResponse, error) {
+		return &csi.NodeStageVolumeResponse{}, s.node.stage(ctx, a)
+	})
 }
 
 // NodeUnstageVolume unmounts the staging path and detaches the loop device.
 func (s *Server) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstageVolumeRequest) (*csi.NodeUnstageVolumeResponse, error) {
 	a, err := s.node.unstageArgs(req)
-	if err != nil {
-		return nil, toStatus(err)
-	}
-	unlock, err := s.lock(a.id)
-	if err != nil {
-		return nil, toStatus(err)
-	}
-	defer unlock()
-	if err := s.node.unstage(ctx, a); err != nil {
-		return nil, toStatus(err)
-	}
-	return &csi.NodeUnstageVolumeResponse{}, nil
+	return locked(s, a, err, func(a unstageArgs) (*csi.NodeUnstageVolumeResponse, error) {
+		return &csi.NodeUnstageVolumeResponse{}, s.node.unstage(ctx, a)
+	})
 }
 
 // NodePublishVolume bind-mounts the staged volume onto the target path.
 func (s *Server) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error) {
 	a, err := s.node.publishArgs(req)
-	if err != nil {
-		return nil, toStatus(err)
-	}
-	unlock, err := s.lock(a.id)
-	if err != nil {
-		return nil, toStatus(err)
-	}
-	defer unlock()
-	if err := s.node.publish(ctx, a); err != nil {
-		return nil, toStatus(err)
-	}
-	return &csi.NodePublishVolumeResponse{}, nil
+	return locked(s, a, err, func(a publishArgs) (*csi.NodePublishVolumeResponse, error) {
+		return &csi.NodePublishVolumeResponse{}, s.node.publish(ctx, a)
+	})
 }
 
 // NodeUnpublishVolume unmounts and removes the target path.
 func (s *Server) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVolumeRequest) (*csi.NodeUnpublishVolumeResponse, error) {
 	a, err := s.node.unpublishArgs(req)
-	if err != nil {
-		return nil, toStatus(err)
-	}
-	unlock, err := s.lock(a.id)
-	if err != nil {
-		return nil, toStatus(err)
-	}
-	defer unlock()
-	if err := s.node.unpublish(ctx, a); err != nil {
-		return nil, toStatus(err)
-	}
-	return &csi.NodeUnpublishVolumeResponse{}, nil
+	return locked(s, a, err, func(a unpublishArgs) (*csi.NodeUnpublishVolumeResponse, error) {
+		return &csi.NodeUnpublishVolumeResponse{}, s.node.unpublish(ctx, a)
+	})
 }
 
 // NodeExpandVolume makes the loop device take the grown image's size and
 // grows the filesystem online.
 func (s *Server) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolumeRequest) (*csi.NodeExpandVolumeResponse, error) {
 	a, err := s.node.expandArgs(req)
-	if err != nil {
-		return nil, toStatus(err)
-	}
-	unlock, err := s.lock(a.id)
-	if err != nil {
-		return nil, toStatus(err)
-	}
-	defer unlock()
-	size, err := s.node.expand(ctx, a)
-	if err != nil {
-		return nil, toStatus(err)
-	}
-	return &csi.NodeExpandVolumeResponse{CapacityBytes: size}, nil
+	return locked(s, a, err, func(a expandArgs) (*csi.NodeExpandVolumeResponse, error) {
+		size, err := s.node.expand(ctx, a)
+		return &csi.NodeExpandVolumeResponse{CapacityBytes: size}, err
+	})
 }
 
 // NodeGetVolumeStats reports usage and the volume's condition. It takes no

@@ -33,11 +33,8 @@ var formatOptions = map[string][]string{
 // stage implements NodeStageVolume.
 func (n *node) stage(ctx context.Context, a stageArgs) error {
 	logger := klog.FromContext(ctx)
-	_, v, att, err := n.attachedVolume(a.id)
+	v, att, err := n.usableVolume(a.id, a.cap)
 	if err != nil {
-		return err
-	}
-	if err := checkAccessType(v, a.cap); err != nil {
 		return err
 	}
 	readOnly := att.ReadOnly || a.cap.readOnly()
@@ -147,7 +144,7 @@ func (n *node) ensureDevice(ctx context.Context, id pool.VolumeID, readOnly bool
 		return "", fmt.Errorf("volume %s: %w", id, err)
 	}
 	if !st.DirectIO {
-		logger.Info("Loop device uses buffered I/O: the pool's filesystem refused direct I/O", "device", dev, "image", image)
+		logger.Info("Fell back to buffered I/O: the pool's filesystem refused direct I/O", "device", dev, "image", image)
 	}
 	logger.V(2).Info("Attached loop device", "device", dev, "directIO", st.DirectIO, "readOnly", readOnly)
 	return dev, nil
