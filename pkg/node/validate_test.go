@@ -3,11 +3,13 @@ package node
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/loopvol/loopvol/pkg/pool"
 )
@@ -157,4 +159,48 @@ func TestRequestValidation(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(outside, "s")); !os.IsNotExist(err) {
 		t.Errorf("something was created outside the kubelet directory: %v", err)
 	}
+}
+
+// FuzzStageArgs feeds arbitrary volume IDs and staging paths through the
+// request checks: whatever is accepted names a served pool and a clean path
+// strictly below the kubelet directory. The seeds run with the normal tests.
+func FuzzStageArgs(f *testing.F) {
+	for _, seed := range []struct{ id, path string }{
+		{id: "p1.0123456789abcdef0123456789abcdef", path: "/kubelet/plugins/x/globalmount"},
+		{id: "p1.0123456789abcdef0123456789abcdef", path: "/kubelet/../etc"},
+		{id: "p1.0123456789ABCDEF0123456789abcdef", path: "/kubelet/a"},
+		{id: "../p1.0123456789abcdef0123456789abcdef", path: "/kubelet/a"},
+		{id: "p2.0123456789abcdef0123456789abcdef", path: "/kubelet/a"},
+		{id: "p1.0123456789abcdef0123456789abcdef", path: "/kubelet"},
+		{id: "p1.0123456789abcdef0123456789abcdef", path: "/kubelet-x/a"},
+		{id: "p1.0123456789abcdef0123456789abcdef", path: "//kubelet//a/./b/"},
+		{id: "p1.0123456789abcdef0123456789abcdef", path: "kubelet/a"},
+		{id: "p1.0123456789abcdef0123456789abcdef\x00", path: "/kubelet/a\x00b"},
+		{id: "", path: ""},
+	} {
+		f.Add(seed.id, seed.path)
+	}
+	n := &node{
+		Config:      Config{NodeID: testNode},
+		kubeletDir:  "/kubelet",
+		kubeletReal: "/kubelet",
+		pools:       map[string]*pool.Pool{"p1": {Name: "p1"}},
+	}
+	c := mountCap("ext4", snw)
+	f.Fuzz(func(t *testing.T, id, path string) {
+		a, err := n.stageArgs(&csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: path, VolumeCapability: c})
+		if err != nil {
+			if code := toStatus(err); status.Code(code) != codes.InvalidArgument && status.Code(code) != codes.NotFound {
+				t.Fatalf("stageArgs(%q, %q) = %v, want INVALID_ARGUMENT or NOT_FOUND", id, path, code)
+			}
+			return
+		}
+		if a.id.String() != id || a.id.Pool != "p1" {
+			t.Errorf("accepted volume ID %q as %+v", id, a.id)
+		}
+		if !strings.HasPrefix(a.staging, "/kubelet/") || filepath.Clean(a.staging) != a.staging ||
+			strings.ContainsRune(a.staging, 0) || slices.Contains(strings.Split(a.staging, "/"), "..") {
+			t.Errorf("accepted staging path %q as %q", path, a.staging)
+		}
+	})
 }
