@@ -1,0 +1,194 @@
+package attach
+
+import (
+	"sync"
+	"time"
+
+	"k8s.io/apimachinery/pkg/util/resourceversion"
+	"k8s.io/utils/clock"
+)
+
+// operation is what a pending VolumeAttachment waits for.
+type operation string
+
+const (
+	opAttach operation = "attach"
+	opDetach operation = "detach"
+)
+
+// pendingTracker knows which VolumeAttachments wait for work and since when:
+// from the event that queued them until a sync of them succeeds, through
+// queueing, backoff and processing. It feeds the queue depth and oldest-item
+// age metrics (a backlog is visible even while items sit in backoff) and
+// lets the reconcile leave alone what is still being worked on.
+type pendingTracker struct {
+	clock clock.PassiveClock
+	mu    sync.Mutex
+	items map[string]*pendingItem
+}
+
+type pendingItem struct {
+	op      operation
+	since   time.Time
+	running bool
+	again   time.Time // queued again while running; zero if not
+}
+
+func newPendingTracker(clk clock.PassiveClock) *pendingTracker {
+	return &pendingTracker{clock: clk, items: map[string]*pendingItem{}}
+}
+
+// add records that key was queued for op.
+func (p *pendingTracker) add(key string, op operation) {
+	now := p.clock.Now()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	it, ok := p.items[key]
+	switch {
+	case !ok:
+		p.items[key] = &pendingItem{op: op, since: now}
+	case it.op != op:
+		// The attach it waited for is no longer wanted: it waits for a
+		// detach now.
+		it.op, it.since = op, now
+		if it.running {
+			it.again = now
+		}
+	case it.running && it.again.IsZero():
+		it.again = now
+	}
+}
+
+// start records that a worker began syncing key.
+func (p *pendingTracker) start(key string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if it, ok := p.items[key]; ok {
+		it.running, it.again = true, time.Time{}
+	}
+}
+
+// finish records the end of a sync of key. After a success key is no longer
+// pending, unless it was queued again meanwhile.
+func (p *pendingTracker) finish(key string, ok bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	it, found := p.items[key]
+	if !found {
+		return
+	}
+	switch {
+	case !ok:
+		it.running, it.again = false, time.Time{}
+	case !it.again.IsZero():
+		it.since, it.running, it.again = it.again, false, time.Time{}
+	default:
+		delete(p.items, key)
+	}
+}
+
+func (p *pendingTracker) drop(key string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.items, key)
+}
+
+func (p *pendingTracker) has(key string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	_, ok := p.items[key]
+	return ok
+}
+
+// stats returns how many items wait for op and the age of the oldest.
+func (p *pendingTracker) stats(op operation) (int, time.Duration) {
+	now := p.clock.Now()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	var oldest time.Duration
+	for _, it := range p.items {
+		if it.op != op {
+			continue
+		}
+		n++
+		oldest = max(oldest, now.Sub(it.since))
+	}
+	return n, oldest
+}
+
+// vaState is what the controller remembers per VolumeAttachment between
+// syncs: the resourceVersion and time of its own last write (to spot a stale
+// cache) and a reconcile's request to sync again.
+type vaState struct {
+	mu      sync.Mutex
+	written map[string]write
+	force   map[string]string // key → resourceVersion the reconcile judged
+}
+
+type write struct {
+	resourceVersion string
+	at              time.Time
+}
+
+func newVAState() *vaState {
+	return &vaState{written: map[string]write{}, force: map[string]string{}}
+}
+
+func (s *vaState) recordWrite(key, rv string, at time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.written[key] = write{resourceVersion: rv, at: at}
+}
+
+// lastWrite returns when the controller last wrote key (zero if never).
+func (s *vaState) lastWrite(key string) time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.written[key].at
+}
+
+// staleCache reports whether rv, a cached resourceVersion of key, is older
+// than the controller's own last write of key: the cache has not seen that
+// write yet. Resource versions that do not compare (not integers) are
+// never called stale.
+func (s *vaState) staleCache(key, rv string) bool {
+	s.mu.Lock()
+	w, ok := s.written[key]
+	s.mu.Unlock()
+	if !ok {
+		return false
+	}
+	cmp, err := resourceversion.CompareResourceVersion(rv, w.resourceVersion)
+	return err == nil && cmp < 0
+}
+
+// setForce records that the reconcile found key (at resourceVersion rv)
+// disagreeing with the driver.
+func (s *vaState) setForce(key, rv string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.force[key] = rv
+}
+
+// forced returns the resourceVersion a reconcile judged key at, if it asked
+// for a sync.
+func (s *vaState) forced(key string) (string, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	rv, ok := s.force[key]
+	return rv, ok
+}
+
+func (s *vaState) clearForce(key string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.force, key)
+}
+
+func (s *vaState) drop(key string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.written, key)
+	delete(s.force, key)
+}
