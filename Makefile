@@ -44,9 +44,9 @@ test-go: ##@ Unit tests and real-device tests of every package (-race).
 	@echo "### test-go"
 	$(GO) test -race -count=1 $(UNIT_PKGS)
 
-test-sanity: build ##@ csi-sanity against the real driver (root: loop devices and mounts).
+test-sanity: build ##@ csi-sanity and the driver scenario tests against the real driver binary (root: loop devices and mounts).
 	@echo "### test-sanity"
-	$(GO) test -count=1 -timeout 30m -v ./test/sanity/ 2>&1 | tee $(BIN)/sanity.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|sanity:)|Ran [0-9]+ of' ; exit $${PIPESTATUS[0]}
+	$(GO) test -count=1 -timeout 30m -v ./test/sanity/ ./test/driver/ 2>&1 | tee $(BIN)/sanity.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|sanity:)|Ran [0-9]+ of' ; exit $${PIPESTATUS[0]}
 
 test-e2e: build tools ##@ Real binaries against a real kube-apiserver and etcd.
 	@echo "### test-e2e"

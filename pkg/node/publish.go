@@ -77,7 +77,12 @@ func (n *node) publish(ctx context.Context, a publishArgs) error {
 		source = a.staging
 		opts = append(opts, a.cap.mountFlags...)
 	}
-	if err := n.Mounter.Mount(source, a.target, "", opts); err != nil {
+	if n.fastBind != nil && len(a.cap.mountFlags) == 0 {
+		err = n.fastBind(source, a.target, readOnly)
+	} else {
+		err = n.Mounter.Mount(source, a.target, "", opts)
+	}
+	if err != nil {
 		return fmt.Errorf("volume %s: bind mount %s on %s: %w", a.id, source, a.target, err)
 	}
 	logger.V(2).Info("Published volume", "targetPath", a.target, "device", dev, "readOnly", readOnly)

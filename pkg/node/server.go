@@ -95,6 +95,10 @@ func New(cfg Config) (*Server, error) {
 		kubeletDir: filepath.Clean(cfg.KubeletDir),
 		pools:      map[string]*pool.Pool{},
 	}
+	if _, real := cfg.Mounter.Interface.(*mount.Mounter); real {
+		n.fastBind = bindMount
+		n.ext4Size = ext4Size
+	}
 	n.kubeletReal = n.kubeletDir
 	if real, err := filepath.EvalSymlinks(n.kubeletDir); err == nil {
 		n.kubeletReal = real

@@ -84,6 +84,11 @@ func (n *node) stage(ctx context.Context, a stageArgs) error {
 		opts = append(opts, "ro")
 	}
 	start := time.Now()
+	if fsType == fsExt4 {
+		if err := n.growExt4BeforeMount(ctx, dev, readOnly); err != nil {
+			return fmt.Errorf("volume %s: %w", a.id, err)
+		}
+	}
 	// FormatAndMount makes the filesystem only when blkid finds the device
 	// blank, and checks (fsck) an existing one before mounting it writable.
 	err = n.withContext(ctx).FormatAndMountSensitiveWithFormatOptions(dev, a.staging, fsType, opts, nil, formatOptions[fsType])
