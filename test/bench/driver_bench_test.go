@@ -119,7 +119,7 @@ func BenchmarkNodeLifecycle(b *testing.B) {
 // BenchmarkThroughput compares sequential O_DIRECT writes and reads of a
 // file inside a published 1 GiB ext4 volume with the same I/O on a file in
 // the pool's own filesystem, in one run. LOOPVOL_BENCH_MIB sets the amount
-// (default 512 MiB); the figure is the median of 5 passes.
+// (default 512 MiB); the figure is the median of 9 passes.
 func BenchmarkThroughput(b *testing.B) {
 	driverproc.RequireRoot(b)
 	size := 512 * mib
@@ -161,7 +161,7 @@ func BenchmarkThroughput(b *testing.B) {
 	dio, _ := os.ReadFile("/sys/block/" + loopName(b, dir) + "/loop/dio")
 	raw := filepath.Join(poolDir, "raw-baseline.bin")
 	inVol := filepath.Join(target, "data.bin")
-	const passes = 5
+	const passes = 9
 	var rawW, rawR, volW, volR []float64
 	for range passes {
 		// Alternate the two so that drift of the host affects both alike.
