@@ -334,11 +334,11 @@ func (c *Controller) processNextPV(ctx context.Context) bool {
 
 // handleErr forgets key's backoff after a success, and after a failure
 // queues it again after its backoff, or after at least finalRetryFloor when
-// the error is final.
-func (c *Controller) handleErr(ctx context.Context, q *queue, key string, err error) {
+// the error is final. It returns the delay (zero after a success).
+func (c *Controller) handleErr(ctx context.Context, q *queue, key string, err error) time.Duration {
 	if err == nil {
 		q.q.Forget(key)
-		return
+		return 0
 	}
 	final := isFinal(err)
 	delay := q.rl.When(key)
@@ -348,6 +348,7 @@ func (c *Controller) handleErr(ctx context.Context, q *queue, key string, err er
 	q.q.AddAfter(key, delay)
 	klog.FromContext(ctx).Error(err, "Sync failed, will retry", "queue", q.name, "key", key,
 		"final", final, "retryAfter", delay, "failures", q.rl.NumRequeues(key))
+	return delay
 }
 
 // keyLocks makes sure one VolumeAttachment is processed by one worker at a

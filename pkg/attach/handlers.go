@@ -57,18 +57,8 @@ func stripForCache(obj any) (any, error) {
 
 func (c *Controller) addEventHandlers(va, pv, csiNode cache.SharedIndexInformer) error {
 	if _, err := va.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: func(obj any) {
-			if va, ok := obj.(*storagev1.VolumeAttachment); ok {
-				c.enqueueVA(va)
-			}
-		},
-		UpdateFunc: func(oldObj, newObj any) {
-			old, ok1 := oldObj.(*storagev1.VolumeAttachment)
-			va, ok2 := newObj.(*storagev1.VolumeAttachment)
-			if ok1 && ok2 && shouldEnqueueVAChange(old, va) {
-				c.enqueueVA(va)
-			}
-		},
+		AddFunc:    c.vaAdded,
+		UpdateFunc: c.vaUpdated,
 		DeleteFunc: c.vaDeleted,
 	}); err != nil {
 		return err
@@ -86,6 +76,20 @@ func (c *Controller) addEventHandlers(va, pv, csiNode cache.SharedIndexInformer)
 		},
 	})
 	return err
+}
+
+func (c *Controller) vaAdded(obj any) {
+	if va, ok := obj.(*storagev1.VolumeAttachment); ok {
+		c.enqueueVA(va)
+	}
+}
+
+func (c *Controller) vaUpdated(oldObj, newObj any) {
+	old, ok1 := oldObj.(*storagev1.VolumeAttachment)
+	va, ok2 := newObj.(*storagev1.VolumeAttachment)
+	if ok1 && ok2 && shouldEnqueueVAChange(old, va) {
+		c.enqueueVA(va)
+	}
 }
 
 // enqueueVA queues a VolumeAttachment of this driver: on the detach queue

@@ -1,0 +1,522 @@
+package attach
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/google/go-cmp/cmp"
+	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/klog/v2/ktesting"
+	testingclock "k8s.io/utils/clock/testing"
+
+	"github.com/loopvol/loopvol/pkg/csiclient"
+)
+
+// The names are written out as the upstream external-attacher writes them,
+// not derived from this package, so the tests prove the two interoperate.
+const (
+	driver     = "loopvol.csi.io"
+	finalizer  = "external-attacher/loopvol-csi-io"
+	nodeIDAnn  = "csi.alpha.kubernetes.io/node-id"
+	otherFin   = "example.com/keep"
+	testNode   = "node-1"
+	testNodeID = "node-1-id"
+)
+
+var (
+	testNow = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	// allCaps is a driver that offers everything the controller uses.
+	allCaps = csiclient.Capabilities{
+		ControllerService: true, PublishUnpublish: true, PublishReadOnly: true,
+		ListVolumes: true, ListVolumesPublishedNodes: true,
+	}
+	// noPublishCaps is a driver without ControllerPublishVolume.
+	noPublishCaps = csiclient.Capabilities{ControllerService: true}
+)
+
+// --- object builders ---
+
+func vaObj(name, pvName string, opts ...func(*storagev1.VolumeAttachment)) *storagev1.VolumeAttachment {
+	va := &storagev1.VolumeAttachment{
+		ObjectMeta: metav1.ObjectMeta{Name: name, UID: types.UID("uid-" + name)},
+		Spec: storagev1.VolumeAttachmentSpec{
+			Attacher: driver,
+			NodeName: testNode,
+			Source:   storagev1.VolumeAttachmentSource{PersistentVolumeName: &pvName},
+		},
+	}
+	for _, o := range opts {
+		o(va)
+	}
+	return va
+}
+
+func withFinalizers(f ...string) func(*storagev1.VolumeAttachment) {
+	return func(va *storagev1.VolumeAttachment) { va.Finalizers = f }
+}
+
+func withNodeIDAnnotation(id string) func(*storagev1.VolumeAttachment) {
+	return func(va *storagev1.VolumeAttachment) {
+		if va.Annotations == nil {
+			va.Annotations = map[string]string{}
+		}
+		va.Annotations[nodeIDAnn] = id
+	}
+}
+
+func attached(md map[string]string) func(*storagev1.VolumeAttachment) {
+	return func(va *storagev1.VolumeAttachment) {
+		va.Status.Attached = true
+		va.Status.AttachmentMetadata = md
+	}
+}
+
+func withAttachError(code int32) func(*storagev1.VolumeAttachment) {
+	return func(va *storagev1.VolumeAttachment) {
+		va.Status.AttachError = &storagev1.VolumeError{Message: "earlier failure", ErrorCode: &code}
+	}
+}
+
+func deleting(va *storagev1.VolumeAttachment) {
+	t := metav1.NewTime(testNow.Add(-time.Minute))
+	va.DeletionTimestamp = &t
+}
+
+func onNode(node string) func(*storagev1.VolumeAttachment) {
+	return func(va *storagev1.VolumeAttachment) { va.Spec.NodeName = node }
+}
+
+func withRV(rv string) func(*storagev1.VolumeAttachment) {
+	return func(va *storagev1.VolumeAttachment) { va.ResourceVersion = rv }
+}
+
+func inline(handle string) func(*storagev1.VolumeAttachment) {
+	return func(va *storagev1.VolumeAttachment) {
+		va.Spec.Source = storagev1.VolumeAttachmentSource{InlineVolumeSpec: &corev1.PersistentVolumeSpec{
+			AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			PersistentVolumeSource: corev1.PersistentVolumeSource{CSI: &corev1.CSIPersistentVolumeSource{
+				Driver: driver, VolumeHandle: handle, FSType: "xfs",
+				VolumeAttributes: map[string]string{"migrated": "yes"},
+			}},
+		}}
+	}
+}
+
+func pvObj(name, handle string, opts ...func(*corev1.PersistentVolume)) *corev1.PersistentVolume {
+	pv := &corev1.PersistentVolume{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: corev1.PersistentVolumeSpec{
+			AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			PersistentVolumeSource: corev1.PersistentVolumeSource{CSI: &corev1.CSIPersistentVolumeSource{
+				Driver: driver, VolumeHandle: handle, FSType: "ext4",
+				VolumeAttributes: map[string]string{"pool": "default"},
+			}},
+		},
+	}
+	for _, o := range opts {
+		o(pv)
+	}
+	return pv
+}
+
+func pvFinalizers(f ...string) func(*corev1.PersistentVolume) {
+	return func(pv *corev1.PersistentVolume) { pv.Finalizers = f }
+}
+
+func pvDeleting(pv *corev1.PersistentVolume) {
+	t := metav1.NewTime(testNow.Add(-time.Minute))
+	pv.DeletionTimestamp = &t
+}
+
+func pvBlock(pv *corev1.PersistentVolume) {
+	m := corev1.PersistentVolumeBlock
+	pv.Spec.VolumeMode = &m
+}
+
+func pvReadOnly(pv *corev1.PersistentVolume) { pv.Spec.CSI.ReadOnly = true }
+
+func pvNoFSType(pv *corev1.PersistentVolume) { pv.Spec.CSI.FSType = "" }
+
+func pvAccessModes(m ...corev1.PersistentVolumeAccessMode) func(*corev1.PersistentVolume) {
+	return func(pv *corev1.PersistentVolume) { pv.Spec.AccessModes = m }
+}
+
+func pvSecret(ns, name string) func(*corev1.PersistentVolume) {
+	return func(pv *corev1.PersistentVolume) {
+		pv.Spec.CSI.ControllerPublishSecretRef = &corev1.SecretReference{Namespace: ns, Name: name}
+	}
+}
+
+func csiNodeObj(node, id string) *storagev1.CSINode {
+	return &storagev1.CSINode{
+		ObjectMeta: metav1.ObjectMeta{Name: node},
+		Spec: storagev1.CSINodeSpec{Drivers: []storagev1.CSINodeDriver{
+			{Name: "other.csi.io", NodeID: "other-id"},
+			{Name: driver, NodeID: id},
+		}},
+	}
+}
+
+func secretObj(ns, name string, data map[string]string) *corev1.Secret {
+	s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}, Data: map[string][]byte{}}
+	for k, v := range data {
+		s.Data[k] = []byte(v)
+	}
+	return s
+}
+
+// --- fake CSI driver ---
+
+// csiCall is one call the controller made to the driver, with the
+// capability in short form ("mount/ext4/SINGLE_NODE_WRITER").
+type csiCall struct {
+	Method     string
+	VolumeID   string
+	NodeID     string
+	Readonly   bool
+	Capability string
+	Secrets    map[string]string
+	Context    map[string]string
+}
+
+type fakeCSI struct {
+	mu           sync.Mutex
+	caps         csiclient.Capabilities
+	calls        []csiCall
+	publishCtx   map[string]string
+	publishErr   error
+	unpublishErr error
+	published    map[string][]string
+}
+
+var _ CSI = &fakeCSI{}
+
+func (f *fakeCSI) WaitReady(ctx context.Context) error { return ctx.Err() }
+
+func (f *fakeCSI) Capabilities() csiclient.Capabilities {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.caps
+}
+
+func capString(c *csi.VolumeCapability) string {
+	if c == nil {
+		return ""
+	}
+	mode := c.GetAccessMode().GetMode().String()
+	if c.GetBlock() != nil {
+		return "block/" + mode
+	}
+	m := c.GetMount()
+	s := "mount/" + m.GetFsType() + "/" + mode
+	if len(m.GetMountFlags()) > 0 {
+		s += "/" + strings.Join(m.GetMountFlags(), ",")
+	}
+	return s
+}
+
+func (f *fakeCSI) ControllerPublish(_ context.Context, req *csi.ControllerPublishVolumeRequest) (map[string]string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls = append(f.calls, csiCall{
+		Method: "ControllerPublishVolume", VolumeID: req.VolumeId, NodeID: req.NodeId, Readonly: req.Readonly,
+		Capability: capString(req.VolumeCapability), Secrets: req.Secrets, Context: req.VolumeContext,
+	})
+	if f.publishErr != nil {
+		return nil, f.publishErr
+	}
+	return maps.Clone(f.publishCtx), nil
+}
+
+func (f *fakeCSI) ControllerUnpublish(_ context.Context, req *csi.ControllerUnpublishVolumeRequest) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls = append(f.calls, csiCall{Method: "ControllerUnpublishVolume", VolumeID: req.VolumeId, NodeID: req.NodeId, Secrets: req.Secrets})
+	return f.unpublishErr
+}
+
+func (f *fakeCSI) ListVolumes(context.Context) (map[string][]string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls = append(f.calls, csiCall{Method: "ListVolumes"})
+	return f.published, nil
+}
+
+func (f *fakeCSI) takeCalls() []csiCall {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := f.calls
+	f.calls = nil
+	return out
+}
+
+// --- fixture ---
+
+// fixture is a controller over a fake clientset and a fake driver whose
+// caches are filled by hand, so that each test runs the sync functions
+// directly and deterministically.
+type fixture struct {
+	t        *testing.T
+	ctx      context.Context
+	client   *fake.Clientset
+	csi      *fakeCSI
+	recorder *record.FakeRecorder
+	registry *prometheus.Registry
+	clock    *testingclock.FakeClock
+	c        *Controller
+}
+
+func newFixture(t *testing.T, caps csiclient.Capabilities, objs ...runtime.Object) *fixture {
+	t.Helper()
+	_, ctx := ktesting.NewTestContext(t)
+	f := &fixture{
+		t:        t,
+		ctx:      ctx,
+		client:   fake.NewClientset(objs...),
+		csi:      &fakeCSI{caps: caps},
+		recorder: record.NewFakeRecorder(100),
+		registry: prometheus.NewRegistry(),
+		clock:    testingclock.NewFakeClock(testNow),
+	}
+	c, err := New(Config{
+		DriverName:         driver,
+		Client:             f.client,
+		CSI:                f.csi,
+		Recorder:           f.recorder,
+		Workers:            2,
+		RetryIntervalStart: time.Second,
+		RetryIntervalMax:   5 * time.Minute,
+		ReconcileSync:      time.Minute,
+		DefaultFSType:      "ext4",
+		Registerer:         f.registry,
+	})
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	c.clock = f.clock
+	c.pending.clock = f.clock
+	t.Cleanup(c.shutDownQueues)
+	f.c = c
+	for _, o := range objs {
+		f.cache(o)
+	}
+	f.client.ClearActions()
+	return f
+}
+
+// cache puts obj into the informer cache, as a watch event would.
+func (f *fixture) cache(obj runtime.Object) {
+	f.t.Helper()
+	var err error
+	switch o := obj.(type) {
+	case *storagev1.VolumeAttachment:
+		err = f.c.vaIndexer.Add(o.DeepCopy())
+	case *corev1.PersistentVolume:
+		err = f.c.factory.Core().V1().PersistentVolumes().Informer().GetIndexer().Add(o.DeepCopy())
+	case *storagev1.CSINode:
+		err = f.c.factory.Storage().V1().CSINodes().Informer().GetIndexer().Add(o.DeepCopy())
+	}
+	if err != nil {
+		f.t.Fatalf("cache %T: %v", obj, err)
+	}
+}
+
+// observe plays the watch: every VolumeAttachment and PersistentVolume that
+// differs between the fake API server and the cache is copied into the
+// cache and its event handler called, the way an informer delivers it.
+func (f *fixture) observe() {
+	f.t.Helper()
+	vas, err := f.client.Tracker().List(storagev1.SchemeGroupVersion.WithResource("volumeattachments"), storagev1.SchemeGroupVersion.WithKind("VolumeAttachment"), "")
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	live := map[string]bool{}
+	for _, o := range vas.(*storagev1.VolumeAttachmentList).Items {
+		va := o.DeepCopy()
+		live[va.Name] = true
+		old, err := f.c.vaLister.Get(va.Name)
+		switch {
+		case err != nil:
+			_ = f.c.vaIndexer.Add(va)
+			f.c.vaAdded(va)
+		case !cmp.Equal(stripped(old), stripped(va)):
+			_ = f.c.vaIndexer.Update(va)
+			f.c.vaUpdated(old, va)
+		}
+	}
+	cached, _ := f.c.vaLister.List(labels.Everything())
+	for _, va := range cached {
+		if !live[va.Name] {
+			_ = f.c.vaIndexer.Delete(va)
+			f.c.vaDeleted(va)
+		}
+	}
+	pvs, err := f.client.Tracker().List(corev1.SchemeGroupVersion.WithResource("persistentvolumes"), corev1.SchemeGroupVersion.WithKind("PersistentVolume"), "")
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	pvIndexer := f.c.factory.Core().V1().PersistentVolumes().Informer().GetIndexer()
+	for _, o := range pvs.(*corev1.PersistentVolumeList).Items {
+		pv := o.DeepCopy()
+		old, err := f.c.pvLister.Get(pv.Name)
+		if err != nil || !cmp.Equal(stripped(old), stripped(pv)) {
+			_ = pvIndexer.Update(pv)
+			f.c.pvChanged(pv)
+		}
+	}
+}
+
+func stripped[T runtime.Object](o T) T {
+	c := o.DeepCopyObject().(T)
+	out, _ := stripForCache(c)
+	return out.(T)
+}
+
+// drain runs the workers until every queue is empty (items waiting out a
+// backoff are not run).
+func (f *fixture) drain() {
+	f.t.Helper()
+	for range 1000 {
+		switch {
+		case f.c.attachQ.q.Len() > 0:
+			f.c.processNextVA(f.ctx, f.c.attachQ)
+		case f.c.detachQ.q.Len() > 0:
+			f.c.processNextVA(f.ctx, f.c.detachQ)
+		case f.c.pvQ.q.Len() > 0:
+			f.c.processNextPV(f.ctx)
+		default:
+			return
+		}
+		f.observe()
+	}
+	f.t.Fatal("the queues never drained")
+}
+
+func (f *fixture) va(name string) *storagev1.VolumeAttachment {
+	f.t.Helper()
+	o, err := f.client.Tracker().Get(storagev1.SchemeGroupVersion.WithResource("volumeattachments"), "", name)
+	if err != nil {
+		f.t.Fatalf("get VolumeAttachment %s: %v", name, err)
+	}
+	return o.(*storagev1.VolumeAttachment)
+}
+
+func (f *fixture) pv(name string) *corev1.PersistentVolume {
+	f.t.Helper()
+	o, err := f.client.Tracker().Get(corev1.SchemeGroupVersion.WithResource("persistentvolumes"), "", name)
+	if err != nil {
+		f.t.Fatalf("get PersistentVolume %s: %v", name, err)
+	}
+	return o.(*corev1.PersistentVolume)
+}
+
+// events returns the Events recorded so far.
+func (f *fixture) events() []string {
+	var out []string
+	for {
+		select {
+		case e := <-f.recorder.Events:
+			out = append(out, e)
+		default:
+			return out
+		}
+	}
+}
+
+// apiAction is one request to the API server, with its patch normalized.
+type apiAction struct {
+	Verb        string
+	Resource    string
+	Subresource string
+	Name        string
+	PatchType   types.PatchType
+	Patch       string
+}
+
+func (f *fixture) actions() []apiAction {
+	var out []apiAction
+	for _, a := range f.client.Actions() {
+		if a.GetVerb() == "list" || a.GetVerb() == "watch" {
+			continue
+		}
+		act := apiAction{Verb: a.GetVerb(), Resource: a.GetResource().Resource, Subresource: a.GetSubresource()}
+		switch a := a.(type) {
+		case k8stesting.PatchAction:
+			act.Name, act.PatchType, act.Patch = a.GetName(), a.GetPatchType(), normJSON(string(a.GetPatch()))
+		case k8stesting.GetAction:
+			act.Name = a.GetName()
+		}
+		out = append(out, act)
+	}
+	f.client.ClearActions()
+	return out
+}
+
+// normJSON re-encodes a JSON document with sorted keys.
+func normJSON(s string) string {
+	var v any
+	if err := json.Unmarshal([]byte(s), &v); err != nil {
+		return "invalid JSON: " + s
+	}
+	b, _ := json.Marshal(v)
+	return string(b)
+}
+
+func patchPV(name, patch string) apiAction {
+	return apiAction{Verb: "patch", Resource: "persistentvolumes", Name: name, PatchType: types.JSONPatchType, Patch: normJSON(patch)}
+}
+
+func patchVAJSON(name, patch string) apiAction {
+	return apiAction{Verb: "patch", Resource: "volumeattachments", Name: name, PatchType: types.JSONPatchType, Patch: normJSON(patch)}
+}
+
+func patchVAMeta(name, patch string) apiAction {
+	return apiAction{Verb: "patch", Resource: "volumeattachments", Name: name, PatchType: types.MergePatchType, Patch: normJSON(patch)}
+}
+
+func patchVAStatus(name, patch string) apiAction {
+	return apiAction{Verb: "patch", Resource: "volumeattachments", Subresource: "status", Name: name, PatchType: types.MergePatchType, Patch: normJSON(patch)}
+}
+
+func get(resource, name string) apiAction {
+	return apiAction{Verb: "get", Resource: resource, Name: name}
+}
+
+// The patches of a plain attach of va1 / pv1 on node-1.
+var (
+	addPVFinalizer = `[{"op":"test","path":"/metadata/finalizers","value":null},{"op":"add","path":"/metadata/finalizers","value":["` + finalizer + `"]}]`
+	addVAMetadata  = `{"metadata":{"finalizers":["` + finalizer + `"],"annotations":{"` + nodeIDAnn + `":"` + testNodeID + `"}}}`
+	markAttached   = `{"status":{"attached":true,"attachError":null}}`
+	timeJSON       = testNow.Format(time.RFC3339)
+)
+
+func attachErrorPatch(msg string, code int) string {
+	return fmt.Sprintf(`{"status":{"attachError":{"message":%q,"time":%q,"errorCode":%d}}}`, msg, timeJSON, code)
+}
+
+func detachErrorPatch(msg string, code int) string {
+	return fmt.Sprintf(`{"status":{"detachError":{"message":%q,"time":%q,"errorCode":%d}}}`, msg, timeJSON, code)
+}
+
+func diff[T any](t *testing.T, what string, want, got T) {
+	t.Helper()
+	if d := cmp.Diff(want, got); d != "" {
+		t.Errorf("%s (-want +got):\n%s", what, d)
+	}
+}
