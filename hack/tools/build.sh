@@ -1,0 +1,166 @@
+#!/usr/bin/env bash
+# Builds the real Kubernetes binaries that loopvol's tests run (by default
+# kube-apiserver and etcd, for envtest) from the versions pinned in
+# hack/tools/go.mod and hack/tools/etcd/go.mod.
+#
+# Usage: hack/tools/build.sh [BIN_DIR] [NAME...]
+#   BIN_DIR  where the binaries go (default: <repo root>/bin)
+#   NAME     kube-apiserver, etcd, or any k8s.io/kubernetes/cmd/<NAME>
+#            (kubelet, kubectl, kube-scheduler, kube-controller-manager, ...)
+#            default: kube-apiserver etcd
+#
+# A cold build takes 10-15 minutes on 2 cores, so finished binaries are kept
+# in a cache folder named after the versions, outside the repository, and a
+# later run (another clone, a `git clean`) only links them into BIN_DIR.
+# Every file is written under a temporary name and renamed into place, so an
+# interrupted run never leaves a half-written binary behind.
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo_root=$(cd "$here/../.." && pwd)
+
+bin_dir=${1:-$repo_root/bin}
+if (($# > 0)); then shift; fi
+names=("$@")
+if ((${#names[@]} == 0)); then
+	names=(kube-apiserver etcd)
+fi
+
+log() { printf 'hack/tools: %s\n' "$*" >&2; }
+die() {
+	log "error: $*"
+	exit 1
+}
+
+command -v go >/dev/null || die "go is not on PATH"
+
+# mod_version FILE MODULE prints the version FILE's go.mod requires MODULE at.
+mod_version() {
+	awk -v m="$2" '{ for (i = 1; i < NF; i++) if ($i == m && $(i + 1) ~ /^v[0-9]/) { print $(i + 1); exit } }' "$1"
+}
+
+kube_version=$(mod_version "$here/go.mod" k8s.io/kubernetes)
+etcd_version=$(mod_version "$here/etcd/go.mod" go.etcd.io/etcd/server/v3)
+[[ -n $kube_version ]] || die "no k8s.io/kubernetes version in $here/go.mod"
+[[ -n $etcd_version ]] || die "no go.etcd.io/etcd/server/v3 version in $here/etcd/go.mod"
+
+# Without these the Kubernetes binaries report v0.0.0, and clients that
+# negotiate by server version (and our own checks below) would be misled.
+kube_minor=${kube_version#v*.}
+kube_minor=${kube_minor%%.*}
+kube_major=${kube_version#v}
+kube_major=${kube_major%%.*}
+kube_ldflags="-s -w"
+for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+	kube_ldflags+=" -X $pkg.gitVersion=$kube_version -X $pkg.gitMajor=$kube_major -X $pkg.gitMinor=$kube_minor -X $pkg.gitTreeState=clean"
+done
+
+cache_root=${XDG_CACHE_HOME:-$HOME/.cache}/loopvol/tools
+cache_dir=$cache_root/k8s-$kube_version-etcd-$etcd_version
+mkdir -p "$cache_dir" "$bin_dir"
+bin_dir=$(cd "$bin_dir" && pwd)
+
+# Temporary files this run created; removed however the script ends.
+temps=()
+cleanup() {
+	local f
+	for f in "${temps[@]+"${temps[@]}"}"; do
+		rm -f -- "$f"
+	done
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# Two runs at once (two clones, make -j) would both spend 10 minutes on the
+# same build; the second waits for the first and then finds the cache filled.
+if command -v flock >/dev/null; then
+	exec 9>"$cache_dir/.lock"
+	if ! flock -n 9; then
+		log "waiting for another build.sh using $cache_dir..."
+		flock 9
+	fi
+fi
+
+# describe NAME sets mod_dir, pkg, version, ldflags and eta for NAME.
+describe() {
+	case $1 in
+	etcd)
+		mod_dir=$here/etcd
+		pkg=go.etcd.io/etcd/server/v3
+		version=$etcd_version
+		ldflags="-s -w"
+		eta="~1-3 minutes"
+		;;
+	kube-* | kubelet | kubectl | kubeadm | kubemark)
+		mod_dir=$here
+		pkg=k8s.io/kubernetes/cmd/$1
+		version=$kube_version
+		ldflags=$kube_ldflags
+		eta="~10 minutes"
+		;;
+	*)
+		die "unknown tool '$1' (want etcd or a k8s.io/kubernetes/cmd name)"
+		;;
+	esac
+}
+
+# has_version NAME FILE VERSION succeeds when FILE runs and reports VERSION.
+has_version() {
+	local out want=${3#v}
+	if [[ $1 == kubectl ]]; then
+		out=$("$2" version --client 2>&1) || return 1
+	else
+		out=$("$2" --version 2>&1) || return 1
+	fi
+	grep -Eq "(^|[^0-9.])v?${want//./\\.}([^0-9.]|$)" <<<"$out"
+}
+
+# put SRC DST places SRC at DST atomically, hard-linked when the file
+# systems allow it (no second 100 MB copy), copied otherwise.
+put() {
+	local tmp
+	tmp=$(dirname "$2")/.$(basename "$2").tmp.$$
+	temps+=("$tmp")
+	rm -f -- "$tmp"
+	ln -f -- "$1" "$tmp" 2>/dev/null || cp -f -- "$1" "$tmp"
+	mv -f -- "$tmp" "$2"
+}
+
+build() {
+	local name=$1 tmp start
+	tmp=$cache_dir/.$name.build.$$
+	temps+=("$tmp")
+	log "building $name $version (first build takes $eta)..."
+	start=$SECONDS
+	(
+		cd "$mod_dir"
+		GOWORK=off CGO_ENABLED=0 GOFLAGS="${GOFLAGS:+$GOFLAGS }-mod=mod" \
+			go build -trimpath -ldflags "$ldflags" -o "$tmp" "$pkg"
+	)
+	has_version "$name" "$tmp" "$version" ||
+		die "the freshly built $name does not report version $version"
+	mv -f -- "$tmp" "$cache_dir/$name"
+	log "built $name $version in $((SECONDS - start))s"
+}
+
+log "cache: $cache_dir"
+for name in "${names[@]}"; do
+	describe "$name"
+	cached=$cache_dir/$name
+	dst=$bin_dir/$name
+	if [[ ! -x $cached ]]; then
+		if [[ -x $dst ]] && has_version "$name" "$dst" "$version"; then
+			log "keeping the existing $dst ($version) and caching it"
+			put "$dst" "$cached"
+		else
+			build "$name"
+		fi
+	fi
+	if [[ -e $dst && ($dst -ef $cached) ]] || { [[ -e $dst ]] && cmp -s -- "$cached" "$dst"; }; then
+		log "$dst is up to date ($version)"
+	else
+		put "$cached" "$dst"
+		log "$dst <- $cached ($version)"
+	fi
+done
