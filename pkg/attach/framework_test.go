@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -15,9 +16,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
@@ -280,6 +283,7 @@ type fixture struct {
 	registry *prometheus.Registry
 	clock    *testingclock.FakeClock
 	c        *Controller
+	rv       int // last resourceVersion handed out by observe
 }
 
 func newFixture(t *testing.T, caps csiclient.Capabilities, objs ...runtime.Object) *fixture {
@@ -355,7 +359,8 @@ func (f *fixture) observe() {
 		case err != nil:
 			_ = f.c.vaIndexer.Add(va)
 			f.c.vaAdded(va)
-		case !cmp.Equal(stripped(old), stripped(va)):
+		case !equality.Semantic.DeepEqual(stripped(old), stripped(va)):
+			f.bumpRV(va, storagev1.SchemeGroupVersion.WithResource("volumeattachments"))
 			_ = f.c.vaIndexer.Update(va)
 			f.c.vaUpdated(old, va)
 		}
@@ -375,10 +380,22 @@ func (f *fixture) observe() {
 	for _, o := range pvs.(*corev1.PersistentVolumeList).Items {
 		pv := o.DeepCopy()
 		old, err := f.c.pvLister.Get(pv.Name)
-		if err != nil || !cmp.Equal(stripped(old), stripped(pv)) {
+		if err != nil || !equality.Semantic.DeepEqual(stripped(old), stripped(pv)) {
+			f.bumpRV(pv, corev1.SchemeGroupVersion.WithResource("persistentvolumes"))
 			_ = pvIndexer.Update(pv)
 			f.c.pvChanged(pv)
 		}
+	}
+}
+
+// bumpRV gives a changed object a new resourceVersion in the fake API
+// server, as a real one does on every write (the fake keeps them as given).
+func (f *fixture) bumpRV(obj metav1.Object, gvr schema.GroupVersionResource) {
+	f.t.Helper()
+	f.rv++
+	obj.SetResourceVersion(strconv.Itoa(f.rv))
+	if err := f.client.Tracker().Update(gvr, obj.(runtime.Object), ""); err != nil {
+		f.t.Fatalf("bump resourceVersion: %v", err)
 	}
 }
 
