@@ -139,7 +139,6 @@ type Controller struct {
 	client    kubernetes.Interface
 	csi       CSI
 	recorder  record.EventRecorder
-	events    record.EventBroadcaster // nil when Config.Recorder was given
 	clock     clock.WithTicker
 
 	factory       informers.SharedInformerFactory
@@ -186,10 +185,6 @@ func New(cfg Config) (*Controller, error) {
 		pending:         newPendingTracker(clk),
 		state:           newVAState(),
 	}
-	if c.recorder == nil {
-		c.events = record.NewBroadcaster()
-		c.recorder = c.events.NewRecorder(scheme.Scheme, corev1.EventSource{Component: EventComponent})
-	}
 	m, err := newMetrics(c.pending, cfg.Registerer)
 	if err != nil {
 		return nil, fmt.Errorf("attach controller metrics: %w", err)
@@ -224,10 +219,12 @@ func New(cfg Config) (*Controller, error) {
 // error only when it could not start.
 func (c *Controller) Run(ctx context.Context) error {
 	logger := klog.FromContext(ctx)
-	if c.events != nil {
-		c.events.StartStructuredLogging(3)
-		c.events.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: c.client.CoreV1().Events("")})
-		defer c.events.Shutdown()
+	if c.recorder == nil {
+		events := record.NewBroadcaster(record.WithContext(ctx))
+		events.StartStructuredLogging(3)
+		events.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: c.client.CoreV1().Events("")})
+		defer events.Shutdown()
+		c.recorder = events.NewRecorder(scheme.Scheme, corev1.EventSource{Component: EventComponent})
 	}
 	c.factory.Start(ctx.Done())
 	defer c.factory.Shutdown()

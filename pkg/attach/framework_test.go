@@ -3,6 +3,7 @@ package attach
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"strconv"
@@ -17,6 +18,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -536,4 +538,61 @@ func diff[T any](t *testing.T, what string, want, got T) {
 	if d := cmp.Diff(want, got); d != "" {
 		t.Errorf("%s (-want +got):\n%s", what, d)
 	}
+}
+
+// withResourceVersions makes a fake clientset hand out a new resourceVersion
+// on every write and honour a resourceVersion precondition in merge patches,
+// as a real API server does (the fake keeps them as given). Controllers that
+// tell their own writes from others' by resourceVersion need it.
+func withResourceVersions(client *fake.Clientset) {
+	var mu sync.Mutex
+	next := 100
+	react := k8stesting.ObjectReaction(client.Tracker())
+	client.PrependReactor("*", "*", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		next++
+		rv := strconv.Itoa(next)
+		switch a := a.(type) {
+		case k8stesting.CreateActionImpl:
+			a.Object.(metav1.Object).SetResourceVersion(rv)
+			return react(a)
+		case k8stesting.UpdateActionImpl:
+			a.Object.(metav1.Object).SetResourceVersion(rv)
+			return react(a)
+		case k8stesting.PatchActionImpl:
+			switch a.PatchType {
+			case types.MergePatchType:
+				var p map[string]any
+				if err := json.Unmarshal(a.Patch, &p); err != nil {
+					return true, nil, err
+				}
+				md, _ := p["metadata"].(map[string]any)
+				if md == nil {
+					md = map[string]any{}
+					p["metadata"] = md
+				}
+				if want, ok := md["resourceVersion"].(string); ok {
+					cur, err := client.Tracker().Get(a.Resource, a.Namespace, a.Name)
+					if err != nil {
+						return true, nil, err
+					}
+					if cur.(metav1.Object).GetResourceVersion() != want {
+						return true, nil, apierrors.NewConflict(a.Resource.GroupResource(), a.Name, errors.New("the object has been modified"))
+					}
+				}
+				md["resourceVersion"] = rv
+				a.Patch, _ = json.Marshal(p)
+			case types.JSONPatchType:
+				var ops []map[string]any
+				if err := json.Unmarshal(a.Patch, &ops); err != nil {
+					return true, nil, err
+				}
+				ops = append(ops, map[string]any{"op": "add", "path": "/metadata/resourceVersion", "value": rv})
+				a.Patch, _ = json.Marshal(ops)
+			}
+			return react(a)
+		}
+		return false, nil, nil
+	})
 }

@@ -1,0 +1,120 @@
+package attach
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	storagev1 "k8s.io/api/storage/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/klog/v2/ktesting"
+)
+
+// TestRun runs the whole controller (informers, queues, workers) against a
+// fake API server: a VolumeAttachment created after the start is attached
+// once, deleting it detaches it, and Run returns nil when its context ends.
+func TestRun(t *testing.T) {
+	_, ctx := ktesting.NewTestContext(t)
+	client := fake.NewClientset(pvObj("pv1", "pool.vol1"), csiNodeObj(testNode, testNodeID))
+	withResourceVersions(client)
+	drv := &fakeCSI{caps: allCaps}
+	c, err := New(Config{
+		DriverName: driver, Client: client, CSI: drv, Workers: 4,
+		RetryIntervalStart: 10 * time.Millisecond, RetryIntervalMax: time.Second,
+		ReconcileSync: time.Hour, Registerer: prometheus.NewRegistry(),
+	})
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	done := make(chan error, 1)
+	go func() { done <- c.Run(runCtx) }()
+
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	w, err := client.StorageV1().VolumeAttachments().Watch(wctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	waitFor := func(what string, cond func(*storagev1.VolumeAttachment) bool) {
+		t.Helper()
+		for {
+			select {
+			case ev := <-w.ResultChan():
+				if va, ok := ev.Object.(*storagev1.VolumeAttachment); ok && cond(va) {
+					return
+				}
+			case <-wctx.Done():
+				t.Fatalf("timed out waiting until %s", what)
+			}
+		}
+	}
+
+	if _, err := client.StorageV1().VolumeAttachments().Create(ctx, vaObj("va1", "pv1"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor("va1 is attached", func(va *storagev1.VolumeAttachment) bool { return va.Status.Attached })
+
+	va, err := client.StorageV1().VolumeAttachments().Get(ctx, "va1", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	deleting(va) // what the API server does on delete while a finalizer holds it
+	if _, err := client.StorageV1().VolumeAttachments().Update(ctx, va, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor("va1 has no finalizer", func(va *storagev1.VolumeAttachment) bool {
+		return va.DeletionTimestamp != nil && len(va.Finalizers) == 0
+	})
+
+	stop()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("Run = %v, want nil after the context ended", err)
+		}
+	case <-wctx.Done():
+		t.Fatal("Run did not return after its context ended")
+	}
+	diff(t, "CSI calls", map[string]int{"ControllerPublishVolume": 1, "ControllerUnpublishVolume": 1}, countCalls(drv.takeCalls()))
+}
+
+func TestConfigValidate(t *testing.T) {
+	valid := Config{
+		DriverName: driver, Client: fake.NewClientset(), CSI: &fakeCSI{}, Workers: 1,
+		RetryIntervalStart: time.Second, RetryIntervalMax: time.Minute,
+	}
+	tests := []struct {
+		name   string
+		modify func(*Config)
+		want   string
+	}{
+		{name: "valid", modify: func(*Config) {}},
+		{name: "no driver", modify: func(c *Config) { c.DriverName = "" }, want: "driver name"},
+		{name: "no client", modify: func(c *Config) { c.Client = nil }, want: "Kubernetes client"},
+		{name: "no CSI", modify: func(c *Config) { c.CSI = nil }, want: "CSI driver"},
+		{name: "no workers", modify: func(c *Config) { c.Workers = 0 }, want: "workers"},
+		{name: "negative resync", modify: func(c *Config) { c.Resync = -1 }, want: "resync"},
+		{name: "no retry interval", modify: func(c *Config) { c.RetryIntervalStart = 0 }, want: "initial retry"},
+		{name: "max below start", modify: func(c *Config) { c.RetryIntervalMax = time.Millisecond }, want: "maximum retry"},
+		{name: "negative reconcile", modify: func(c *Config) { c.ReconcileSync = -time.Second }, want: "reconcile"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := valid
+			tc.modify(&cfg)
+			_, err := New(cfg)
+			switch {
+			case tc.want == "" && err != nil:
+				t.Errorf("New: %v", err)
+			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+				t.Errorf("New = %v, want an error about %q", err, tc.want)
+			}
+		})
+	}
+}
