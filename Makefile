@@ -9,7 +9,7 @@ RUN := $(CURDIR)/_run
 # built binaries and the control plane (they have their own targets).
 UNIT_PKGS := $(shell $(GO) list ./... | grep -v -e /test/ )
 
-.PHONY: help build tools run test test-fmt test-vet test-go test-sanity test-e2e bench clean
+.PHONY: help build tools run test test-fmt test-vet test-logcheck test-go test-sanity test-e2e bench clean
 
 help: ##@ Show this help.
 	@awk 'BEGIN {FS = ":.*##@ "} /^[a-zA-Z_-]+:.*##@ / {printf "  %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -30,7 +30,7 @@ run: build ##@ Start the driver (all services) on pool ./_run/pool, socket ./_ru
 	$(BIN)/driver --mode=all --endpoint=unix://$(RUN)/csi.sock --pool=default=$(RUN)/pool \
 		--kubelet-dir=$(RUN)/kubelet --node-id=$$(hostname) --http-endpoint=127.0.0.1:9808 --v=2
 
-test: test-fmt test-vet test-go test-sanity test-e2e ##@ Run every check and test (real loop devices and mounts need root).
+test: test-fmt test-vet test-logcheck test-go test-sanity test-e2e ##@ Run every check and test (real loop devices and mounts need root).
 
 test-fmt:
 	@echo "### test-fmt"
@@ -40,7 +40,15 @@ test-vet:
 	@echo "### test-vet"
 	$(GO) vet ./...
 
-test-go: ##@ Unit tests and real-device tests of every package (-race).
+LOGCHECK_VERSION := v0.11.0
+$(BIN)/logcheck:
+	GOBIN=$(BIN) $(GO) install sigs.k8s.io/logtools/logcheck@$(LOGCHECK_VERSION)
+
+test-logcheck: $(BIN)/logcheck ##@ Structured, contextual logging only (klog logcheck).
+	@echo "### test-logcheck"
+	$(BIN)/logcheck -check-contextual -check-structured -config hack/logcheck.conf ./...
+
+test-go: tools ##@ Unit tests and real-device tests of every package (-race); internal/testenv needs the control plane.
 	@echo "### test-go"
 	$(GO) test -race -count=1 $(UNIT_PKGS)
 
