@@ -532,3 +532,53 @@ func hasCapSysResource() bool {
 	}
 	return false
 }
+
+// TestConfigFileZones serves pools of two zones from --config: capacity is
+// answered per zone and a volume lands in the zone its topology asks for.
+func TestConfigFileZones(t *testing.T) {
+	driverproc.RequireRoot(t)
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "pools.yaml")
+	yaml := "pools:\n- name: east\n  zone: z-east\n  path: " + filepath.Join(dir, "east") + "\n- name: west\n  zone: z-west\n  path: " + filepath.Join(dir, "west") + "\n  reserveBytes: 1048576\n"
+	if err := os.WriteFile(cfg, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	d := driverproc.Start(t, dir, "--mode=controller", "--config="+cfg)
+	ctrl := csi.NewControllerClient(d.Conn)
+	zone := func(z string) *csi.Topology {
+		return &csi.Topology{Segments: map[string]string{"topology.loopvol.csi.io/zone": z}}
+	}
+	east, err := ctrl.GetCapacity(bg(), &csi.GetCapacityRequest{AccessibleTopology: zone("z-east")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	west, err := ctrl.GetCapacity(bg(), &csi.GetCapacityRequest{AccessibleTopology: zone("z-west")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	none, err := ctrl.GetCapacity(bg(), &csi.GetCapacityRequest{AccessibleTopology: zone("z-north")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Same filesystem below both pools; west keeps a 1 MiB reserve.
+	if east.AvailableCapacity <= 0 || east.AvailableCapacity-west.AvailableCapacity < 512<<10 || none.AvailableCapacity != 0 {
+		t.Fatalf("capacity east=%d west=%d north=%d", east.AvailableCapacity, west.AvailableCapacity, none.AvailableCapacity)
+	}
+	resp, err := ctrl.CreateVolume(bg(), &csi.CreateVolumeRequest{
+		Name:                      "zoned",
+		VolumeCapabilities:        []*csi.VolumeCapability{mountCap(snw, "")},
+		CapacityRange:             &csi.CapacityRange{RequiredBytes: 16 * mib},
+		AccessibilityRequirements: &csi.TopologyRequirement{Requisite: []*csi.Topology{zone("z-west")}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(resp.Volume.VolumeId, "west.") || resp.Volume.AccessibleTopology[0].Segments["topology.loopvol.csi.io/zone"] != "z-west" {
+		t.Fatalf("volume %v not in zone z-west", resp.Volume)
+	}
+	// A config file with an unknown field is refused, not half-read.
+	os.WriteFile(cfg, []byte("pools:\n- name: a\n  zone: z\n  path: /tmp/x\n  reserve: 5\n"), 0o600)
+	if out, err := exec.Command(driverproc.Binary(t), "--mode=controller", "--endpoint=unix://"+filepath.Join(dir, "x.sock"), "--config="+cfg).CombinedOutput(); err == nil || !strings.Contains(string(out), "reserve") {
+		t.Fatalf("driver with a bad config: %v\n%s", err, out)
+	}
+}
