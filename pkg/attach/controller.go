@@ -305,6 +305,13 @@ func (c *Controller) processNextVA(ctx context.Context, q *queue) bool {
 		return false
 	}
 	defer q.q.Done(key)
+	// Idle workers sit in Get, past the check above, while the driver is
+	// ready; one of them gets the first item queued after the driver went
+	// away. Wait here too, holding the item.
+	if err := c.csi.WaitReady(ctx); err != nil {
+		q.q.Add(key) // back in the queue unless the queue is shutting down
+		return false
+	}
 	if !c.locks.tryLock(key, q.q) {
 		// The other VA queue's worker has it; it is queued here again
 		// when that worker is done.
