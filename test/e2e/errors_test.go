@@ -29,7 +29,7 @@ func TestAttachErrors(t *testing.T) {
 	first := r.createVAs(vols[:2], nodeAName)
 	r.waitVAs("two VolumeAttachments on node-a (its limit) attached", shortWait, first, attachedTo(nodeA))
 
-	full := r.createVAs(vols[2:3], nodeAName)   // a third volume on node-a
+	full := r.createVAs(vols[2:3], nodeAName)     // a third volume on node-a
 	elsewhere := r.createVAs(vols[:1], nodeBName) // the first volume, single-node, on node-b
 	r.waitVAs("third VolumeAttachment on node-a fails with RESOURCE_EXHAUSTED", shortWait, full, attachFailedWith(int32(codes.ResourceExhausted)))
 	r.waitVAs("the node-a volume asked for on node-b fails with FAILED_PRECONDITION", shortWait, elsewhere, attachFailedWith(int32(codes.FailedPrecondition)))
