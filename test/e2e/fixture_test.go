@@ -25,6 +25,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"k8s.io/klog/v2"
 	"k8s.io/klog/v2/ktesting"
 	"k8s.io/utils/ptr"
 
@@ -97,8 +98,10 @@ func newRig(t *testing.T, driverArgs ...string) *rig {
 	t.Helper()
 	driverproc.RequireRoot(t)
 	env := cluster.Env(t)
-	_, ctx := ktesting.NewTestContext(t)
-	ctx, cancel := context.WithCancel(ctx)
+	// Client-go logs through the test's logger; -v=2 keeps its reflector
+	// chatter out of the output.
+	logger := ktesting.NewLogger(t, ktesting.NewConfig(ktesting.Verbosity(2)))
+	ctx, cancel := context.WithCancel(klog.NewContext(context.Background(), logger))
 	t.Cleanup(cancel)
 
 	// The shared config has client-go's default 5 QPS: creating 400
