@@ -15,47 +15,21 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/loopvol/loopvol/test/internal/gobuild"
 )
 
-var (
-	buildOnce sync.Once
-	binary    string
-	buildErr  error
-)
-
-// Binary builds cmd/attacher into a temporary directory (once per test
-// binary) and returns its path, so the tests always run the code they were
-// built with, never a stale bin/attacher.
+// Binary builds cmd/attacher once per test binary and returns its path.
 func Binary(tb testing.TB) string {
 	tb.Helper()
-	buildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "loopvol-attacher-bin-")
-		if err != nil {
-			buildErr = err
-			return
-		}
-		binary = filepath.Join(dir, "attacher")
-		out, err := exec.Command("go", "build", "-o", binary, "github.com/loopvol/loopvol/cmd/attacher").CombinedOutput()
-		if err != nil {
-			buildErr = fmt.Errorf("go build cmd/attacher: %v\n%s", err, out)
-		}
-	})
-	if buildErr != nil {
-		tb.Fatal(buildErr)
-	}
-	return binary
+	return gobuild.Binary(tb, "github.com/loopvol/loopvol/cmd/attacher")
 }
 
-// Cleanup removes the built binary; call it from TestMain after m.Run.
-func Cleanup() {
-	if binary != "" {
-		os.RemoveAll(filepath.Dir(binary))
-	}
-}
+// Cleanup removes the built binaries; call it from TestMain after m.Run.
+func Cleanup() { gobuild.Cleanup() }
 
 // Attacher is one running (or ended) attacher process.
 type Attacher struct {

@@ -6,55 +6,29 @@ package driverproc
 import (
 	"bytes"
 	"context"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/loopvol/loopvol/test/internal/gobuild"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 )
 
-var (
-	buildOnce sync.Once
-	binary    string
-	buildErr  error
-)
-
-// Binary builds cmd/driver into a temporary directory (once per test binary)
-// and returns its path: the tests always run the code they were built with.
+// Binary builds cmd/driver once per test binary and returns its path.
 func Binary(tb testing.TB) string {
 	tb.Helper()
-	buildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "loopvol-driver-bin-")
-		if err != nil {
-			buildErr = err
-			return
-		}
-		binary = filepath.Join(dir, "driver")
-		out, err := exec.Command("go", "build", "-o", binary, "github.com/loopvol/loopvol/cmd/driver").CombinedOutput()
-		if err != nil {
-			buildErr = fmt.Errorf("go build cmd/driver: %v\n%s", err, out)
-		}
-	})
-	if buildErr != nil {
-		tb.Fatal(buildErr)
-	}
-	return binary
+	return gobuild.Binary(tb, "github.com/loopvol/loopvol/cmd/driver")
 }
 
-// Cleanup removes the built binary; call it from TestMain after m.Run.
-func Cleanup() {
-	if binary != "" {
-		os.RemoveAll(filepath.Dir(binary))
-	}
-}
+// Cleanup removes the built binaries; call it from TestMain after m.Run.
+func Cleanup() { gobuild.Cleanup() }
 
 // Driver is a running driver process.
 type Driver struct {
