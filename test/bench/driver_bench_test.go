@@ -16,13 +16,21 @@ import (
 	"unsafe"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/loopvol/loopvol/internal/testenv"
+	"github.com/loopvol/loopvol/test/internal/attacherproc"
 	"github.com/loopvol/loopvol/test/internal/driverproc"
 	"golang.org/x/sys/unix"
 )
 
+// cluster is the control plane of the benchmarks that need one
+// (BenchmarkAttacher); it starts only when such a benchmark asks for it and
+// stops after the last benchmark.
+var cluster testenv.Shared
+
 func TestMain(m *testing.M) {
-	code := m.Run()
+	code := cluster.Run(m)
 	driverproc.Cleanup()
+	attacherproc.Cleanup()
 	os.Exit(code)
 }
 

@@ -1,0 +1,86 @@
+package bench
+
+import (
+	"fmt"
+	"strings"
+)
+
+// printAttacherReport prints the table, the write breakdown and the goals
+// of issue 3 as markdown, ready for docs/benchmarks.md.
+func printAttacherReport(k attacherKnobs, version string, withUpstream bool, ceilings []float64, results []attacherResult) {
+	fmt.Printf("\n## attacher: VolumeAttachment throughput, kube-apiserver %s, %d VAs over %d nodes (external-attacher at its defaults: %d VAs), ListVolumes reconcile %t\n\n",
+		version, k.vas, k.nodes, k.upstreamDefaultVAs, k.listVolumes)
+	ceiling := 0.0
+	if len(ceilings) > 0 {
+		parts := make([]string, len(ceilings))
+		for i, c := range ceilings {
+			parts[i] = fmt.Sprintf("%.0f", c)
+			ceiling = max(ceiling, c)
+		}
+		fmt.Printf("API server ceiling: %.0f VolumeAttachment status patches/s (%d unthrottled goroutines, %s; at start and end: %s; the higher one is used)\n\n",
+			ceiling, k.ceilingWorkers, k.ceilingFor, strings.Join(parts, ", "))
+	}
+	upstreamOf := func(r attacherResult) *attacherResult {
+		for i := range results {
+			u := &results[i]
+			if u.attacher == "external-attacher" && u.flags == r.flags && u.publishLatency == r.publishLatency && u.done {
+				return u
+			}
+		}
+		return nil
+	}
+	fmt.Println("| attacher | flags | publish latency | VAs | all attached | attaches/s | × external-attacher | median | p99 | all detached | ControllerPublish/VA | writes/(attach+detach) | peak RSS |")
+	fmt.Println("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+	for _, r := range results {
+		if !r.done {
+			fmt.Printf("| %s | %s | %s | %d | did not finish: %s | | | | | | | | |\n", r.attacher, r.flags, r.publishLatency, r.vas, r.problem)
+			continue
+		}
+		ratio := "—"
+		if u := upstreamOf(r); u != nil && r.attacher != "external-attacher" {
+			ratio = fmt.Sprintf("%.1f×", r.attachesPerSec()/u.attachesPerSec())
+		}
+		fmt.Printf("| %s | %s | %s | %d | %.1f s | %.1f | %s | %s | %s | %.1f s | %.2f | %.2f | %.0f MB |\n",
+			r.attacher, r.flags, r.publishLatency, r.vas, r.attachAll.Seconds(), r.attachesPerSec(), ratio,
+			ms(r.attachLat.median), ms(r.attachLat.p99), r.detachAll.Seconds(),
+			float64(r.publishes)/float64(r.vas), r.writesPerVA(), float64(r.peakRSS)/1e6)
+	}
+	fmt.Println("\nWrites in each window (apiserver_request_total, verbs POST/PUT/PATCH/APPLY/DELETE/DELETECOLLECTION, all response codes), the benchmark's own VolumeAttachment creates and deletes included here and subtracted in the table:")
+	for _, r := range results {
+		other := r.writes.total() - r.writes.total(attacherResources...)
+		fmt.Printf("- %s: %s; own %.0f; other resources %.0f. ControllerUnpublish/VA %.2f; VAs published ≠ once: %d; VAs that showed an attachError: %d\n",
+			r.name(), r.writes.filter(attacherResources...), r.ownWrites, other,
+			float64(r.unpublish)/float64(r.vas), r.notOnce, r.attachErrs)
+	}
+
+	fmt.Println("\nGoals of issue 3 (loopvol's attacher):")
+	verdict := func(ok bool) string {
+		if ok {
+			return "met"
+		}
+		return "NOT met"
+	}
+	for _, r := range results {
+		if r.attacher != "loopvol" || !r.done {
+			continue
+		}
+		tag := fmt.Sprintf("%s, publish %s", r.flags, r.publishLatency)
+		if r.flags == "tuned" && ceiling > 0 {
+			goal := 0.8 * ceiling / 3
+			fmt.Printf("- tuned ≥ 80%% of ceiling/3 = %.0f attaches/s (%s): %.1f → %s\n", goal, tag, r.attachesPerSec(), verdict(r.attachesPerSec() >= goal))
+		}
+		if r.flags == "defaults" {
+			if u := upstreamOf(r); u != nil {
+				x := r.attachesPerSec() / u.attachesPerSec()
+				fmt.Printf("- defaults ≥ 20× external-attacher's defaults (%s): %.1f vs %.2f attaches/s = %.1f× → %s\n", tag, r.attachesPerSec(), u.attachesPerSec(), x, verdict(x >= 20))
+			} else if withUpstream {
+				fmt.Printf("- defaults ≥ 20× external-attacher's defaults (%s): no external-attacher figure\n", tag)
+			}
+		}
+		fmt.Printf("- exactly 1 ControllerPublish per VA (%s): %d calls for %d VAs, %d VAs not once → %s\n", tag, r.publishes, r.vas, r.notOnce, verdict(r.notOnce == 0))
+		fmt.Printf("- ≤ 4 writes per attach+detach (%s): %.2f → %s\n", tag, r.writesPerVA(), verdict(r.writesPerVA() <= 4))
+		if r.vas >= 2000 {
+			fmt.Printf("- peak RSS ≤ 60 MB at %d VAs (%s): %.0f MB → %s\n", r.vas, tag, float64(r.peakRSS)/1e6, verdict(r.peakRSS <= 60e6))
+		}
+	}
+}
