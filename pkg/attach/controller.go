@@ -10,11 +10,14 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	typedstoragev1 "k8s.io/client-go/kubernetes/typed/storage/v1"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	storagelisters "k8s.io/client-go/listers/storage/v1"
 	"k8s.io/client-go/tools/cache"
@@ -37,6 +40,15 @@ const (
 // EventComponent is the source component of the Events the controller
 // records when Config.Recorder is nil.
 const EventComponent = "loopvol-attacher"
+
+// KubeClient is the part of the Kubernetes API the controller uses.
+// *kubernetes.Clientset and the fake clientset implement it. A client made of
+// just these two typed clients keeps a binary about a third smaller than one
+// that links the whole clientset, and with it its resident memory.
+type KubeClient interface {
+	CoreV1() typedcorev1.CoreV1Interface
+	StorageV1() typedstoragev1.StorageV1Interface
+}
 
 // CSI is the part of a driver connection the controller uses;
 // *csiclient.Client implements it.
@@ -64,7 +76,7 @@ type Config struct {
 	// spec.attacher are handled.
 	DriverName string
 	// Client talks to the Kubernetes API.
-	Client kubernetes.Interface
+	Client KubeClient
 	// CSI is the driver connection.
 	CSI CSI
 	// Recorder records the Events on VolumeAttachments. Optional: when nil,
@@ -136,17 +148,18 @@ func newQueue(name string, start, max time.Duration) *queue {
 type Controller struct {
 	cfg       Config
 	finalizer string
-	client    kubernetes.Interface
+	client    KubeClient
 	csi       CSI
 	recorder  record.EventRecorder
 	clock     clock.WithTicker
 
-	factory       informers.SharedInformerFactory
-	vaIndexer     cache.Indexer
-	vaLister      storagelisters.VolumeAttachmentLister
-	pvLister      corelisters.PersistentVolumeLister
-	csiNodeLister storagelisters.CSINodeLister
-	synced        []cache.InformerSynced
+	vaInformer      cache.SharedIndexInformer
+	pvInformer      cache.SharedIndexInformer
+	csiNodeInformer cache.SharedIndexInformer
+	vaIndexer       cache.Indexer
+	vaLister        storagelisters.VolumeAttachmentLister
+	pvLister        corelisters.PersistentVolumeLister
+	csiNodeLister   storagelisters.CSINodeLister
 
 	attachQ, detachQ, pvQ *queue
 
@@ -161,7 +174,8 @@ type Controller struct {
 
 // New builds a controller and its informers (VolumeAttachments,
 // PersistentVolumes, CSINodes; managedFields dropped from the cache). Run
-// starts them.
+// starts them. The informers are made here rather than taken from a shared
+// informer factory: the factory links an informer for every API type.
 func New(cfg Config) (*Controller, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("attach controller: %w", err)
@@ -191,24 +205,35 @@ func New(cfg Config) (*Controller, error) {
 	}
 	c.metrics = m
 
-	c.factory = informers.NewSharedInformerFactoryWithOptions(cfg.Client, cfg.Resync, informers.WithTransform(stripForCache))
-	vaInformer := c.factory.Storage().V1().VolumeAttachments()
-	pvInformer := c.factory.Core().V1().PersistentVolumes()
-	csiNodeInformer := c.factory.Storage().V1().CSINodes()
-	if err := vaInformer.Informer().AddIndexers(vaIndexers); err != nil {
-		return nil, fmt.Errorf("attach controller: VolumeAttachment indexers: %w", err)
-	}
-	c.vaIndexer = vaInformer.Informer().GetIndexer()
-	c.vaLister = vaInformer.Lister()
-	c.pvLister = pvInformer.Lister()
-	c.csiNodeLister = csiNodeInformer.Lister()
-	if err := c.addEventHandlers(vaInformer.Informer(), pvInformer.Informer(), csiNodeInformer.Informer()); err != nil {
+	st := cfg.Client.StorageV1()
+	core := cfg.Client.CoreV1()
+	c.vaInformer = newInformer(cfg.Client, &storagev1.VolumeAttachment{}, cfg.Resync, vaIndexers,
+		func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			return st.VolumeAttachments().List(ctx, o)
+		},
+		func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			return st.VolumeAttachments().Watch(ctx, o)
+		})
+	c.pvInformer = newInformer(cfg.Client, &corev1.PersistentVolume{}, cfg.Resync, nil,
+		func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			return core.PersistentVolumes().List(ctx, o)
+		},
+		func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			return core.PersistentVolumes().Watch(ctx, o)
+		})
+	c.csiNodeInformer = newInformer(cfg.Client, &storagev1.CSINode{}, cfg.Resync, nil,
+		func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			return st.CSINodes().List(ctx, o)
+		},
+		func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			return st.CSINodes().Watch(ctx, o)
+		})
+	c.vaIndexer = c.vaInformer.GetIndexer()
+	c.vaLister = storagelisters.NewVolumeAttachmentLister(c.vaIndexer)
+	c.pvLister = corelisters.NewPersistentVolumeLister(c.pvInformer.GetIndexer())
+	c.csiNodeLister = storagelisters.NewCSINodeLister(c.csiNodeInformer.GetIndexer())
+	if err := c.addEventHandlers(c.vaInformer, c.pvInformer, c.csiNodeInformer); err != nil {
 		return nil, fmt.Errorf("attach controller: event handlers: %w", err)
-	}
-	c.synced = []cache.InformerSynced{
-		vaInformer.Informer().HasSynced,
-		pvInformer.Informer().HasSynced,
-		csiNodeInformer.Informer().HasSynced,
 	}
 	return c, nil
 }
@@ -226,13 +251,16 @@ func (c *Controller) Run(ctx context.Context) error {
 		defer events.Shutdown()
 		c.recorder = events.NewRecorder(scheme.Scheme, corev1.EventSource{Component: EventComponent})
 	}
-	c.factory.Start(ctx.Done())
-	defer c.factory.Shutdown()
+	var informers sync.WaitGroup
+	defer informers.Wait() // after ctx ended: the informers stop with it
+	for _, inf := range []cache.SharedIndexInformer{c.vaInformer, c.pvInformer, c.csiNodeInformer} {
+		informers.Go(func() { inf.RunWithContext(ctx) })
+	}
 
 	pvWorkers := max(1, c.cfg.Workers/4)
 	logger.Info("Starting the attach controller", "driver", c.cfg.DriverName, "finalizer", c.finalizer,
 		"attachWorkers", c.cfg.Workers, "detachWorkers", c.cfg.Workers, "pvWorkers", pvWorkers)
-	if !cache.WaitForNamedCacheSyncWithContext(ctx, c.synced...) {
+	if !cache.WaitForNamedCacheSyncWithContext(ctx, c.vaInformer.HasSynced, c.pvInformer.HasSynced, c.csiNodeInformer.HasSynced) {
 		c.shutDownQueues()
 		return nil // ctx ended
 	}
@@ -395,4 +423,18 @@ func (l *keyLocks) unlock(key string) {
 	for _, q := range waiting {
 		q.Add(key)
 	}
+}
+
+// newInformer is a shared informer over one resource, with streaming lists
+// where the client supports them, and the cache transform.
+func newInformer(client KubeClient, example runtime.Object, resync time.Duration, indexers cache.Indexers,
+	list cache.ListWithContextFunc, watchFunc cache.WatchFuncWithContext) cache.SharedIndexInformer {
+	lw := cache.ToListWatcherWithWatchListSemantics(&cache.ListWatch{ListWithContextFunc: list, WatchFuncWithContext: watchFunc}, client)
+	inf := cache.NewSharedIndexInformerWithOptions(lw, example, cache.SharedIndexInformerOptions{
+		ResyncPeriod: resync,
+		Indexers:     indexers,
+	})
+	// Only fails once the informer runs.
+	_ = inf.SetTransform(stripForCache)
+	return inf
 }

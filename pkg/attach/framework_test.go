@@ -334,9 +334,9 @@ func (f *fixture) cache(obj runtime.Object) {
 	case *storagev1.VolumeAttachment:
 		err = f.c.vaIndexer.Add(o.DeepCopy())
 	case *corev1.PersistentVolume:
-		err = f.c.factory.Core().V1().PersistentVolumes().Informer().GetIndexer().Add(o.DeepCopy())
+		err = f.c.pvInformer.GetIndexer().Add(o.DeepCopy())
 	case *storagev1.CSINode:
-		err = f.c.factory.Storage().V1().CSINodes().Informer().GetIndexer().Add(o.DeepCopy())
+		err = f.c.csiNodeInformer.GetIndexer().Add(o.DeepCopy())
 	}
 	if err != nil {
 		f.t.Fatalf("cache %T: %v", obj, err)
@@ -378,7 +378,7 @@ func (f *fixture) observe() {
 	if err != nil {
 		f.t.Fatal(err)
 	}
-	pvIndexer := f.c.factory.Core().V1().PersistentVolumes().Informer().GetIndexer()
+	pvIndexer := f.c.pvInformer.GetIndexer()
 	for _, o := range pvs.(*corev1.PersistentVolumeList).Items {
 		pv := o.DeepCopy()
 		old, err := f.c.pvLister.Get(pv.Name)

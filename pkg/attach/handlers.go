@@ -34,13 +34,26 @@ var vaIndexers = cache.Indexers{
 }
 
 // lastAppliedAnnotation is kubectl's copy of an applied object, often the
-// largest part of a hand-made PersistentVolume.
+// largest part of a hand-made object.
 const lastAppliedAnnotation = "kubectl.kubernetes.io/last-applied-configuration"
 
-// stripForCache drops what the controller never reads from every cached
-// object: managedFields and kubectl's last-applied copy. With thousands of
+// stripForCache drops from every cached object what the controller never
+// reads: managedFields and kubectl's last-applied copy everywhere, and from
+// PersistentVolumes everything but their finalizers, deletion state, access
+// modes, volume mode, mount options and CSI source (no labels, annotations,
+// claim reference, node affinity, capacity or status). With thousands of
 // objects this is most of their size.
 func stripForCache(obj any) (any, error) {
+	if pv, ok := obj.(*corev1.PersistentVolume); ok {
+		pv.Labels, pv.Annotations, pv.OwnerReferences = nil, nil, nil
+		pv.Spec = corev1.PersistentVolumeSpec{
+			AccessModes:            pv.Spec.AccessModes,
+			VolumeMode:             pv.Spec.VolumeMode,
+			MountOptions:           pv.Spec.MountOptions,
+			PersistentVolumeSource: corev1.PersistentVolumeSource{CSI: pv.Spec.CSI},
+		}
+		pv.Status = corev1.PersistentVolumeStatus{}
+	}
 	a, err := meta.Accessor(obj)
 	if err != nil {
 		return obj, nil // a tombstone or another non-object: keep as is
