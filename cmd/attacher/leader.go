@@ -1,0 +1,147 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"sync/atomic"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/uuid"
+	coordinationv1 "k8s.io/client-go/kubernetes/typed/coordination/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/leaderelection"
+	"k8s.io/client-go/tools/leaderelection/resourcelock"
+	"k8s.io/klog/v2"
+)
+
+// leaderHealthTimeout is how long past a missed lease renewal
+// /healthz/leader-election still reports healthy (upstream's value).
+const leaderHealthTimeout = 20 * time.Second
+
+// leaderConfig is one replica's part in the election of the Lease
+// namespace/name.
+type leaderConfig struct {
+	leases        coordinationv1.LeasesGetter
+	namespace     string
+	name          string
+	identity      string
+	leaseDuration time.Duration
+	renewDeadline time.Duration
+	retryPeriod   time.Duration
+	health        *leaderelection.HealthzAdaptor // may be nil
+}
+
+// newLeaderConfig makes the election config of this process from the flags:
+// the Lease in --leader-election-namespace, else $POD_NAMESPACE, else
+// "default"; an identity that is the host name plus a random suffix, so two
+// replicas on one host (as in tests) are told apart; and its own client, so
+// a busy controller's rate limit never delays a renewal.
+func newLeaderConfig(cfg *config, rc *rest.Config, name string, health *leaderelection.HealthzAdaptor) (leaderConfig, error) {
+	lec := rest.CopyConfig(rc)
+	lec.RateLimiter = nil // its own limiter, from QPS and Burst
+	leases, err := coordinationv1.NewForConfig(lec)
+	if err != nil {
+		return leaderConfig{}, fmt.Errorf("create the leader-election client: %w", err)
+	}
+	host, err := os.Hostname()
+	if err != nil {
+		return leaderConfig{}, fmt.Errorf("leader-election identity: %w", err)
+	}
+	ns := cfg.leaderElectionNamespace
+	if ns == "" {
+		ns = os.Getenv("POD_NAMESPACE")
+	}
+	if ns == "" {
+		ns = metav1.NamespaceDefault
+	}
+	return leaderConfig{
+		leases:        leases,
+		namespace:     ns,
+		name:          name,
+		identity:      host + "_" + string(uuid.NewUUID()),
+		leaseDuration: cfg.leaderElectionLeaseDuration,
+		renewDeadline: cfg.leaderElectionRenewDeadline,
+		retryPeriod:   cfg.leaderElectionRetryPeriod,
+		health:        health,
+	}, nil
+}
+
+// runWithLeaderElection runs run while this process holds the Lease
+// lockName. On a signal (ctx ends) the controllers stop first and the Lease
+// is released after, so another replica takes over at once without a moment
+// with two leaders. Losing the Lease is an error: the process exits and
+// starts again from a clean state, as the upstream sidecars do.
+func runWithLeaderElection(ctx context.Context, le leaderConfig, run func(context.Context) error) error {
+	logger := klog.FromContext(ctx)
+	ns, lockName, id := le.namespace, le.name, le.identity
+	lock := &resourcelock.LeaseLock{
+		LeaseMeta:  metav1.ObjectMeta{Namespace: ns, Name: lockName},
+		Client:     le.leases,
+		LockConfig: resourcelock.ResourceLockConfig{Identity: id},
+	}
+
+	// leCtx is the election's; it ends after the controllers have stopped.
+	leCtx, leCancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer leCancel()
+	var (
+		leading atomic.Bool
+		runErr  error
+		ran     = make(chan struct{})
+	)
+	elector, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
+		Lock:            lock,
+		Name:            lockName,
+		LeaseDuration:   le.leaseDuration,
+		RenewDeadline:   le.renewDeadline,
+		RetryPeriod:     le.retryPeriod,
+		ReleaseOnCancel: true,
+		WatchDog:        le.health,
+		Callbacks: leaderelection.LeaderCallbacks{
+			OnStartedLeading: func(lctx context.Context) {
+				defer close(ran)
+				leading.Store(true)
+				logger.Info("Became the leader; starting the controllers", "lease", klog.KRef(ns, lockName), "identity", id)
+				// Stop on a signal or when the Lease is lost.
+				rctx, rcancel := context.WithCancel(klog.NewContext(lctx, logger))
+				stop := context.AfterFunc(ctx, rcancel)
+				runErr = run(rctx)
+				stop()
+				rcancel()
+				leCancel() // release the Lease only now
+			},
+			OnStoppedLeading: func() {
+				logger.Info("Stopped leading", "lease", klog.KRef(ns, lockName), "identity", id)
+			},
+			OnNewLeader: func(leader string) {
+				logger.Info("Leader elected", "lease", klog.KRef(ns, lockName), "leader", leader, "self", leader == id)
+			},
+		},
+	})
+	if err != nil {
+		return fmt.Errorf("leader election: %w", err)
+	}
+	// A signal while still waiting for the Lease ends the election at once.
+	stopWaiting := context.AfterFunc(ctx, func() {
+		if !leading.Load() {
+			leCancel()
+		}
+	})
+	defer stopWaiting()
+
+	logger.Info("Waiting to become the leader", "lease", klog.KRef(ns, lockName), "identity", id)
+	elector.Run(leCtx)
+	if leading.Load() {
+		<-ran
+	}
+	switch {
+	case runErr != nil:
+		return runErr
+	case ctx.Err() != nil:
+		return nil
+	case leading.Load():
+		return fmt.Errorf("lost the leader-election Lease %s/%s", ns, lockName)
+	}
+	return nil
+}
