@@ -382,3 +382,24 @@ func (g *gatedCSI) WaitReady(ctx context.Context) error {
 		return ctx.Err()
 	}
 }
+
+func TestVAMetadataPatchFailureIsReportedWithoutPublishing(t *testing.T) {
+	f := newFixture(t, allCaps,
+		vaObj("va1", "pv1"), pvObj("pv1", "pool.vol1", pvFinalizers(finalizer)), csiNodeObj(testNode, testNodeID))
+	f.client.PrependReactor("patch", "volumeattachments", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if p := a.(k8stesting.PatchAction); p.GetSubresource() == "" {
+			return true, nil, apierrors.NewInternalError(errors.New("etcd is sad"))
+		}
+		return false, nil, nil
+	})
+	err := f.c.syncVA(f.ctx, "va1")
+	if !apierrors.IsInternalError(err) || isFinal(err) {
+		t.Fatalf("syncVA = %v, want a transient internal error", err)
+	}
+	diff(t, "CSI calls", nil, f.csi.takeCalls())
+	const msg = `add finalizer and node ID to VolumeAttachment "va1": Internal error occurred: etcd is sad`
+	diff(t, "Events", []string{"Warning AttachFailed " + msg}, f.events())
+	if got := f.va("va1").Status.AttachError; got == nil || got.Message != msg || got.ErrorCode != nil {
+		t.Errorf("attachError = %+v, want %q without a gRPC code", got, msg)
+	}
+}

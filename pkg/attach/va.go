@@ -93,10 +93,11 @@ func (c *Controller) attach(ctx context.Context, va *storagev1.VolumeAttachment,
 			return c.attachFailed(ctx, va, err)
 		}
 	}
-	va, err = c.ensureVAMetadata(ctx, va, t.nodeID)
+	updated, err := c.ensureVAMetadata(ctx, va, t.nodeID)
 	if err != nil {
 		return c.attachFailed(ctx, va, err)
 	}
+	va = updated
 	secrets, err := c.secrets(ctx, t.secretRef)
 	if err != nil {
 		return c.attachFailed(ctx, va, err)
