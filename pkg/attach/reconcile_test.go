@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	storagev1 "k8s.io/api/storage/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 
@@ -158,3 +160,29 @@ func TestForcedSyncOfAChangedObjectIsNormal(t *testing.T) {
 }
 
 func itoa(n int) string { return strconv.Itoa(n) }
+
+func TestForcedSyncSurvivesItsOwnFailure(t *testing.T) {
+	// The driver lost an attached volume; the forced publish fails once
+	// (writing attachError, a new resourceVersion); the retry still
+	// publishes.
+	f := newFixture(t, allCaps,
+		vaObj("va1", "pv1", withRV("3"), withFinalizers(finalizer), withNodeIDAnnotation(testNodeID), attached(nil)),
+		pvObj("pv1", "pool.vol1", pvFinalizers(finalizer)))
+	withResourceVersions(f.client)
+	f.c.state.setForce("va1", "3")
+	f.csi.publishErr = status.Error(codes.Unavailable, "restarting")
+	if err := f.c.syncVA(f.ctx, "va1"); status.Code(err) != codes.Unavailable {
+		t.Fatalf("first forced sync = %v, want Unavailable", err)
+	}
+	f.csi.publishErr = nil
+	if err := f.c.syncVA(f.ctx, "va1"); err != nil {
+		t.Fatalf("retry: %v", err)
+	}
+	diff(t, "CSI calls", map[string]int{"ControllerPublishVolume": 2}, countCalls(f.csi.takeCalls()))
+	if _, forced := f.c.state.forced("va1"); forced {
+		t.Error("the forced sync is still pending after it succeeded")
+	}
+	if st := f.va("va1").Status; !st.Attached || st.AttachError != nil {
+		t.Errorf("status = %+v, want attached without error", st)
+	}
+}

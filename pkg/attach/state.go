@@ -148,6 +148,14 @@ func (s *vaState) lastWrite(key string) time.Time {
 	return s.written[key].at
 }
 
+// writtenVersion returns the resourceVersion of the controller's last write
+// of key ("" if none).
+func (s *vaState) writtenVersion(key string) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.written[key].resourceVersion
+}
+
 // staleCache reports whether rv, a cached resourceVersion of key, is older
 // than the controller's own last write of key: the cache has not seen that
 // write yet. Resource versions that do not compare (not integers) are

@@ -51,8 +51,10 @@ func (c *Controller) syncVA(ctx context.Context, name string) error {
 		if err != nil {
 			return fmt.Errorf("read VolumeAttachment %q: %w", name, err)
 		}
-		// A reconcile verdict on an older version no longer holds.
-		force = force && live.ResourceVersion == judged
+		// A reconcile verdict holds for the version it judged, and after
+		// the controller's own writes since (a failed forced attempt
+		// writes attachError); a change by anyone else voids it.
+		force = force && (live.ResourceVersion == judged || live.ResourceVersion == c.state.writtenVersion(name))
 		va = live
 	}
 
