@@ -31,10 +31,11 @@
 // Failures are written to attachError / detachError (message, time, gRPC
 // code) and reported as an Event. Each object retries with its own
 // exponential backoff; update events caused only by the controller's own
-// writes are not queued again, so they never cut a backoff short. Final gRPC
-// errors (see csiclient.IsFinal) wait at least finalRetryFloor before the
-// next try, unless a detach on the same volume or node frees what blocked
-// them.
+// writes are not queued again, so they never cut a backoff short. Final
+// errors (see csiclient.IsFinal; also a bad spec or a PersistentVolume being
+// deleted) wait at least 32 initial retry intervals before the next try,
+// unless a detach on the same volume or node, or a node's CSINode getting
+// the driver, frees what blocked them.
 //
 // Work is split into three queues: csi-attacher-va (attaches),
 // csi-attacher-va-detach (detaches) and csi-attacher-pv (PersistentVolume
@@ -46,7 +47,14 @@
 // LIST_VOLUMES_PUBLISHED_NODES) compares ListVolumes published_node_ids with
 // the VolumeAttachments the controller believes done, and sends those that
 // disagree through the normal sync: it re-publishes what a live object wants
-// and corrects a status the driver contradicts. It never unpublishes.
+// and corrects a status the driver contradicts. It never unpublishes. A sync
+// it asks for reads the object afresh and acts only if the object has not
+// changed since it was judged.
+//
+// The cache is never trusted over the controller's own writes: when a
+// cached copy is older than the controller's last write of that object
+// (resourceVersions compare), the sync reads the live object, so a late
+// watch event never causes a second ControllerPublishVolume.
 //
 // Drivers without PUBLISH_UNPUBLISH_VOLUME get their VolumeAttachments
 // marked attached with no CSI call and no finalizer.

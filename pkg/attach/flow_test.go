@@ -403,3 +403,51 @@ func TestVAMetadataPatchFailureIsReportedWithoutPublishing(t *testing.T) {
 		t.Errorf("attachError = %+v, want %q without a gRPC code", got, msg)
 	}
 }
+
+// TestWriteOrderAroundTheDriver checks the order of API writes and CSI calls
+// together: finalizers and node ID before ControllerPublishVolume, the
+// status after it; ControllerUnpublishVolume before the finalizer goes.
+func TestWriteOrderAroundTheDriver(t *testing.T) {
+	f := newFixture(t, allCaps, vaObj("va1", "pv1"), pvObj("pv1", "pool.vol1"), csiNodeObj(testNode, testNodeID))
+	var timeline []string
+	apiSeen := 0
+	record := func(event string) {
+		for _, a := range f.client.Actions()[apiSeen:] {
+			timeline = append(timeline, a.GetVerb()+" "+a.GetResource().Resource+subresource(a))
+		}
+		apiSeen = len(f.client.Actions())
+		if event != "" {
+			timeline = append(timeline, event)
+		}
+	}
+	f.csi.onCall = record
+
+	if err := f.c.syncVA(f.ctx, "va1"); err != nil {
+		t.Fatalf("attach: %v", err)
+	}
+	va := f.va("va1")
+	deleting(va)
+	if err := f.client.Tracker().Update(vaGVR, va, ""); err != nil {
+		t.Fatal(err)
+	}
+	f.cache(va)
+	if err := f.c.syncVA(f.ctx, "va1"); err != nil {
+		t.Fatalf("detach: %v", err)
+	}
+	record("")
+	diff(t, "timeline", []string{
+		"patch persistentvolumes", // PV finalizer
+		"patch volumeattachments", // VA finalizer + node ID
+		"ControllerPublishVolume", // once
+		"patch volumeattachments/status",
+		"ControllerUnpublishVolume",
+		"patch volumeattachments", // finalizer removed; the object goes, so no status patch
+	}, timeline)
+}
+
+func subresource(a k8stesting.Action) string {
+	if s := a.GetSubresource(); s != "" {
+		return "/" + s
+	}
+	return ""
+}

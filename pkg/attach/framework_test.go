@@ -208,6 +208,7 @@ type fakeCSI struct {
 	publishErr   error
 	unpublishErr error
 	published    map[string][]string
+	onCall       func(method string) // called with each call, before it answers
 }
 
 var _ CSI = &fakeCSI{}
@@ -243,6 +244,9 @@ func (f *fakeCSI) ControllerPublish(_ context.Context, req *csi.ControllerPublis
 		Method: "ControllerPublishVolume", VolumeID: req.VolumeId, NodeID: req.NodeId, Readonly: req.Readonly,
 		Capability: capString(req.VolumeCapability), Secrets: req.Secrets, Context: req.VolumeContext,
 	})
+	if f.onCall != nil {
+		f.onCall("ControllerPublishVolume")
+	}
 	if f.publishErr != nil {
 		return nil, f.publishErr
 	}
@@ -253,6 +257,9 @@ func (f *fakeCSI) ControllerUnpublish(_ context.Context, req *csi.ControllerUnpu
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.calls = append(f.calls, csiCall{Method: "ControllerUnpublishVolume", VolumeID: req.VolumeId, NodeID: req.NodeId, Secrets: req.Secrets})
+	if f.onCall != nil {
+		f.onCall("ControllerUnpublishVolume")
+	}
 	return f.unpublishErr
 }
 
