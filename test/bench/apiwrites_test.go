@@ -35,41 +35,58 @@ func (k writeKey) String() string {
 // apiWrites is a snapshot of the API server's write counters.
 type apiWrites map[writeKey]float64
 
-// scrapeWrites reads the API server's /metrics with client (an admin
+// apiServerSnapshot is what the benchmark reads from the API server's
+// /metrics before and after a window.
+type apiServerSnapshot struct {
+	writes apiWrites
+	// cpu is process_cpu_seconds_total: the API server's own CPU time (etcd
+	// runs as another process and is not in it).
+	cpu float64
+}
+
+// scrapeAPIServer reads the API server's /metrics with client (an admin
 // client: /metrics needs the right to GET a non-resource URL) and returns
-// its write requests by verb, resource, subresource and code.
-func scrapeWrites(ctx context.Context, client kubernetes.Interface) (apiWrites, error) {
+// its write requests by verb, resource, subresource and code, and its CPU
+// time.
+func scrapeAPIServer(ctx context.Context, client kubernetes.Interface) (apiServerSnapshot, error) {
 	data, err := client.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("read the API server's /metrics: %w", err)
+		return apiServerSnapshot{}, fmt.Errorf("read the API server's /metrics: %w", err)
 	}
-	w := apiWrites{}
+	snap := apiServerSnapshot{writes: apiWrites{}}
+	w := snap.writes
 	sc := bufio.NewScanner(bytes.NewReader(data))
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
 		line := sc.Text()
+		if v, ok := strings.CutPrefix(line, "process_cpu_seconds_total "); ok {
+			if snap.cpu, err = strconv.ParseFloat(strings.TrimSpace(v), 64); err != nil {
+				return snap, fmt.Errorf("metric line %q: %w", line, err)
+			}
+			continue
+		}
 		rest, ok := strings.CutPrefix(line, "apiserver_request_total{")
 		if !ok {
 			continue
 		}
 		end := strings.LastIndex(rest, "} ")
 		if end < 0 {
-			return nil, fmt.Errorf("unexpected metric line %q", line)
+			return snap, fmt.Errorf("unexpected metric line %q", line)
 		}
 		labels, err := parseLabels(rest[:end])
 		if err != nil {
-			return nil, fmt.Errorf("metric line %q: %w", line, err)
+			return snap, fmt.Errorf("metric line %q: %w", line, err)
 		}
 		if !writeVerbs[labels["verb"]] || labels["dry_run"] != "" {
 			continue
 		}
 		v, err := strconv.ParseFloat(strings.Fields(rest[end+2:])[0], 64)
 		if err != nil {
-			return nil, fmt.Errorf("metric line %q: %w", line, err)
+			return snap, fmt.Errorf("metric line %q: %w", line, err)
 		}
 		w[writeKey{verb: labels["verb"], resource: labels["resource"], subresource: labels["subresource"], code: labels["code"]}] += v
 	}
-	return w, sc.Err()
+	return snap, sc.Err()
 }
 
 // parseLabels parses the inside of a Prometheus text-format label set:

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -45,6 +46,7 @@ type attacherKnobs struct {
 	vas, nodes, upstreamDefaultVAs int
 	upstream                       bool
 	upstreamBinary                 string
+	loopvolArgs                    []string
 	latencies                      []time.Duration
 	listVolumes                    bool
 	ceilingFor                     time.Duration
@@ -95,6 +97,7 @@ func loadAttacherKnobs(tb testing.TB) attacherKnobs {
 	durKnob("LOOPVOL_BENCH_CEILING", &k.ceilingFor)
 	durKnob("LOOPVOL_BENCH_TIMEOUT", &k.timeout)
 	k.upstreamBinary = os.Getenv("LOOPVOL_BENCH_EXTERNAL_ATTACHER")
+	k.loopvolArgs = strings.Fields(os.Getenv("LOOPVOL_BENCH_LOOPVOL_ARGS"))
 	if v := os.Getenv("LOOPVOL_BENCH_LATENCIES"); v != "" {
 		k.latencies = nil
 		for _, f := range strings.Split(v, ",") {
@@ -130,18 +133,31 @@ func (r attacherRun) name() string {
 // attacherResult is what one configuration measured.
 type attacherResult struct {
 	attacherRun
-	done       bool   // every VA attached and every VA gone
-	problem    string // why not, when not done
-	attachAll  time.Duration
-	detachAll  time.Duration
-	attachLat  stats // VA creation → watch sees attached=true
-	publishes  int   // ControllerPublishVolume calls on the run's volumes
-	notOnce    int   // VAs whose volume was published other than once
-	unpublish  int   // ControllerUnpublishVolume calls
-	attachErrs int   // VAs that showed an attachError at some point
+	done      bool   // every VA attached and every VA gone
+	problem   string // why not, when not done
+	attachAll time.Duration
+	detachAll time.Duration
+	attachLat stats         // VA creation → watch sees attached=true
+	claimLat  stats         // VA creation → watch sees the finalizer (queue wait + PV patch + VA patch)
+	workLat   stats         // finalizer seen → attached seen (ControllerPublish + status patch)
+	createAll time.Duration // the benchmark's creates: first sent → last done
+	// attachWrites counts every write request the API server served from
+	// the first create until all were attached (creates included).
+	attachWrites float64
+	// foreign lists other control planes seen running on the machine during
+	// the run: their load makes the figures worse and noisier.
+	foreign    string
+	publishes  int // ControllerPublishVolume calls on the run's volumes
+	notOnce    int // VAs whose volume was published other than once
+	unpublish  int // ControllerUnpublishVolume calls
+	attachErrs int // VAs that showed an attachError at some point
 	writes     apiWrites
 	ownWrites  float64 // the benchmark's creates and deletes in the window
-	peakRSS    int64
+	mem        memory  // of the attacher, at the end of the window
+	// CPU time used in the window by the attacher process and by the API
+	// server (the machine's two cores also run etcd and the benchmark).
+	attacherCPU  time.Duration
+	apiserverCPU float64
 }
 
 func (r attacherResult) attachesPerSec() float64 {
@@ -205,6 +221,9 @@ func BenchmarkAttacher(b *testing.B) {
 	measureCeiling := func(when string) {
 		b.Run("apiserver-ceiling/"+when, func(b *testing.B) {
 			c := statusPatchCeiling(b, client, k.ceilingWorkers, k.ceilingFor)
+			if n := otherProcesses("kube-apiserver"); n > 0 {
+				fmt.Printf("WARNING: %d other kube-apiserver process(es) ran on this machine while the ceiling was measured\n", n)
+			}
 			ceilings = append(ceilings, c)
 			b.ReportMetric(c, "patches/s")
 		})
@@ -233,7 +252,7 @@ func BenchmarkAttacher(b *testing.B) {
 				b.ReportMetric(float64(res.attachLat.p99.Milliseconds()), "p99-ms")
 				b.ReportMetric(float64(res.publishes)/float64(res.vas), "publishes/VA")
 				b.ReportMetric(res.writesPerVA(), "writes/VA")
-				b.ReportMetric(float64(res.peakRSS)/1e6, "peak-RSS-MB")
+				b.ReportMetric(float64(res.mem.peakRSS)/1e6, "peak-RSS-MB")
 			}
 		})
 	}
@@ -322,6 +341,13 @@ func runAttacher(b *testing.B, client, admin kubernetes.Interface, kubeconfig st
 	ctx := b.Context()
 	res := attacherResult{attacherRun: run}
 	id := shortID()
+	checkForeign := func() {
+		if n := otherProcesses("kube-apiserver"); n > 0 && res.foreign == "" {
+			res.foreign = fmt.Sprintf("%d other kube-apiserver process(es) ran on this machine during the run", n)
+		}
+	}
+	checkForeign()
+	defer checkForeign()
 	b.Cleanup(func() { deleteRunObjects(b, client, id) })
 	labels := map[string]string{benchLabel: id}
 
@@ -375,6 +401,9 @@ func runAttacher(b *testing.B, client, admin kubernetes.Interface, kubeconfig st
 	w := watchVAs(b, client, id)
 	stub := startStubCSI(b, benchDriver, run.publishLatency, k.listVolumes)
 	args := append([]string{"--csi-address=" + stub.Socket, "--kubeconfig=" + kubeconfig, "--timeout=30s", "--leader-election=false"}, run.args...)
+	if run.attacher == "loopvol" {
+		args = append(args, k.loopvolArgs...)
+	}
 	proc := startSidecar(b, b.TempDir(), strings.ReplaceAll(run.attacher, "/", "-"), run.binary, args...)
 	defer proc.stop()
 	select {
@@ -406,7 +435,11 @@ func runAttacher(b *testing.B, client, admin kubernetes.Interface, kubeconfig st
 	for i, va := range measured {
 		names[i] = va.Name
 	}
-	before, err := scrapeWrites(ctx, admin)
+	cpuBefore, err := proc.cpuTime()
+	if err != nil {
+		b.Fatal(err)
+	}
+	before, err := scrapeAPIServer(ctx, admin)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -424,22 +457,34 @@ func runAttacher(b *testing.B, client, admin kubernetes.Interface, kubeconfig st
 	if !w.waitAttached(names, k.timeout) {
 		res.problem = fmt.Sprintf("%d of %d attached after %s", w.countAttached(names), len(names), k.timeout)
 	}
-	attachedAt := w.attachedTimes(names)
+	mid, err := scrapeAPIServer(ctx, admin)
+	if err != nil {
+		b.Fatal(err)
+	}
+	res.attachWrites = mid.writes.since(before.writes).total()
+	claimedAt, attachedAt := w.times(names)
 	res.attachErrs = w.countErrors(names)
-	var lat []time.Duration
+	var lat, wait, work []time.Duration
 	var last time.Time
 	for i, t := range attachedAt {
 		if t.IsZero() {
 			continue
 		}
 		lat = append(lat, t.Sub(created[i]))
+		if c := claimedAt[i]; !c.IsZero() {
+			wait, work = append(wait, c.Sub(created[i])), append(work, t.Sub(c))
+		}
 		if t.After(last) {
 			last = t
 		}
 	}
 	res.attachAll = last.Sub(start)
+	res.createAll = slices.MaxFunc(created, time.Time.Compare).Sub(start)
 	if len(lat) > 0 {
 		res.attachLat = summarize(lat)
+	}
+	if len(wait) > 0 {
+		res.claimLat, res.workLat = summarize(wait), summarize(work)
 	}
 
 	delStart := time.Now()
@@ -460,13 +505,19 @@ func runAttacher(b *testing.B, client, admin kubernetes.Interface, kubeconfig st
 	// Writes that follow the last finalizer removal (external-attacher
 	// patches the status after it, and gets a 404) land within moments.
 	time.Sleep(2 * time.Second)
-	after, err := scrapeWrites(ctx, admin)
+	after, err := scrapeAPIServer(ctx, admin)
 	if err != nil {
 		b.Fatal(err)
 	}
-	res.writes = after.since(before)
+	cpuAfter, err := proc.cpuTime()
+	if err != nil {
+		b.Fatal(err)
+	}
+	res.writes = after.writes.since(before.writes)
+	res.apiserverCPU = after.cpu - before.cpu
+	res.attacherCPU = cpuAfter - cpuBefore
 	res.ownWrites = float64(own.Load())
-	if res.peakRSS, err = proc.peakRSS(); err != nil {
+	if res.mem, err = proc.memory(); err != nil {
 		res.problem = strings.TrimPrefix(res.problem+"; ", "; ") + "peak RSS: " + err.Error()
 	}
 	pubs, unpubs := stub.calls(handles[:run.vas])

@@ -26,6 +26,7 @@ import (
 type vaWatch struct {
 	mu       sync.Mutex
 	attached map[string]time.Time
+	claimed  map[string]time.Time // first seen with a finalizer: the attacher has started on it
 	errored  map[string]bool
 	gone     map[string]time.Time
 	stopCh   chan struct{}
@@ -33,7 +34,7 @@ type vaWatch struct {
 }
 
 func watchVAs(b *testing.B, client kubernetes.Interface, id string) *vaWatch {
-	w := &vaWatch{attached: map[string]time.Time{}, errored: map[string]bool{}, gone: map[string]time.Time{}, stopCh: make(chan struct{})}
+	w := &vaWatch{attached: map[string]time.Time{}, claimed: map[string]time.Time{}, errored: map[string]bool{}, gone: map[string]time.Time{}, stopCh: make(chan struct{})}
 	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 		o.LabelSelector = benchLabel + "=" + id
 	}))
@@ -46,6 +47,9 @@ func watchVAs(b *testing.B, client kubernetes.Interface, id string) *vaWatch {
 		now := time.Now()
 		w.mu.Lock()
 		defer w.mu.Unlock()
+		if _, ok := w.claimed[va.Name]; !ok && len(va.Finalizers) > 0 {
+			w.claimed[va.Name] = now
+		}
 		if va.Status.Attached {
 			if _, ok := w.attached[va.Name]; !ok {
 				w.attached[va.Name] = now
@@ -131,14 +135,16 @@ func (w *vaWatch) waitGone(names []string, timeout time.Duration) bool {
 	return w.waitFor(w.gone, names, timeout)
 }
 
-func (w *vaWatch) attachedTimes(names []string) []time.Time {
+// times returns, for each of names, when the watch first saw it with a
+// finalizer and when it first saw it attached (zero when never).
+func (w *vaWatch) times(names []string) (claimed, attached []time.Time) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	out := make([]time.Time, len(names))
+	claimed, attached = make([]time.Time, len(names)), make([]time.Time, len(names))
 	for i, name := range names {
-		out[i] = w.attached[name]
+		claimed[i], attached[i] = w.claimed[name], w.attached[name]
 	}
-	return out
+	return claimed, attached
 }
 
 func (w *vaWatch) lastGone(names []string) time.Time {

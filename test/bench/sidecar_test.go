@@ -80,30 +80,70 @@ func (s *sidecar) stop() error {
 	return s.waitErr
 }
 
-// peakRSS returns the process's peak resident set size in bytes (VmHWM of
-// /proc/<pid>/status); the process must still run.
-func (s *sidecar) peakRSS() (int64, error) {
+// memory is a process's memory figures from /proc/<pid>/status, in bytes.
+type memory struct {
+	peakRSS int64 // VmHWM: the peak resident set size
+	anon    int64 // RssAnon now: heap, stacks (what the Go runtime holds)
+	file    int64 // RssFile now: mapped pages of the binary and libraries
+}
+
+// memory reads the process's memory figures; the process must still run.
+func (s *sidecar) memory() (memory, error) {
+	var m memory
 	if !s.running() {
-		return 0, fmt.Errorf("%s has ended: %v", s.name, s.waitErr)
+		return m, fmt.Errorf("%s has ended: %v", s.name, s.waitErr)
 	}
 	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", s.cmd.Process.Pid))
 	if err != nil {
-		return 0, err
+		return m, err
 	}
+	fields := map[string]*int64{"VmHWM:": &m.peakRSS, "RssAnon:": &m.anon, "RssFile:": &m.file}
 	sc := bufio.NewScanner(bytes.NewReader(data))
 	for sc.Scan() {
-		rest, ok := strings.CutPrefix(sc.Text(), "VmHWM:")
-		if !ok {
+		f := strings.Fields(sc.Text()) // "VmHWM:   12345 kB"
+		if len(f) != 3 || fields[f[0]] == nil {
 			continue
 		}
-		f := strings.Fields(rest)
-		if len(f) != 2 || f[1] != "kB" {
-			return 0, fmt.Errorf("unexpected line %q", sc.Text())
+		if f[2] != "kB" {
+			return m, fmt.Errorf("unexpected line %q", sc.Text())
 		}
-		kb, err := strconv.ParseInt(f[0], 10, 64)
-		return kb << 10, err
+		kb, err := strconv.ParseInt(f[1], 10, 64)
+		if err != nil {
+			return m, fmt.Errorf("line %q: %w", sc.Text(), err)
+		}
+		*fields[f[0]] = kb << 10
+		delete(fields, f[0])
 	}
-	return 0, fmt.Errorf("no VmHWM in /proc/%d/status", s.cmd.Process.Pid)
+	if len(fields) > 0 {
+		return m, fmt.Errorf("/proc/%d/status lacks some of VmHWM, RssAnon, RssFile", s.cmd.Process.Pid)
+	}
+	return m, nil
+}
+
+// cpuTime returns the user plus system CPU time the process has used
+// (utime and stime of /proc/<pid>/stat, in clock ticks of 1/100 s, the
+// USER_HZ of every Linux architecture Go runs on).
+func (s *sidecar) cpuTime() (time.Duration, error) {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", s.cmd.Process.Pid))
+	if err != nil {
+		return 0, err
+	}
+	// The command name (field 2) may hold spaces; fields count from the
+	// last ')'. utime and stime are fields 14 and 15.
+	i := bytes.LastIndexByte(data, ')')
+	f := strings.Fields(string(data[i+1:]))
+	if i < 0 || len(f) < 13 {
+		return 0, fmt.Errorf("unexpected /proc/%d/stat %q", s.cmd.Process.Pid, data)
+	}
+	var ticks int64
+	for _, field := range f[11:13] {
+		n, err := strconv.ParseInt(field, 10, 64)
+		if err != nil {
+			return 0, err
+		}
+		ticks += n
+	}
+	return time.Duration(ticks) * 10 * time.Millisecond, nil
 }
 
 func (s *sidecar) tail(n int) string {
@@ -112,4 +152,22 @@ func (s *sidecar) tail(n int) string {
 		data = data[len(data)-n:]
 	}
 	return string(bytes.ToValidUTF8(data, []byte("?")))
+}
+
+// otherProcesses counts the processes named comm beyond the first: the
+// benchmark's control plane has one kube-apiserver, and another one means
+// some other test shares the machine's two cores.
+func otherProcesses(comm string) int {
+	dirs, _ := os.ReadDir("/proc")
+	n := 0
+	for _, d := range dirs {
+		if _, err := strconv.Atoi(d.Name()); err != nil {
+			continue
+		}
+		data, err := os.ReadFile(filepath.Join("/proc", d.Name(), "comm"))
+		if err == nil && strings.TrimSpace(string(data)) == comm {
+			n++
+		}
+	}
+	return max(0, n-1)
 }
