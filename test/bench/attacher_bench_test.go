@@ -182,7 +182,28 @@ func (r attacherResult) writesPerVA() float64 {
 // attacher and external-attacher v4.13.0 side by side, at their default
 // flags and with equal tuned flags, against the real control plane and a
 // stub CSI controller served by this process (ControllerPublish latency 0
-// and 100 ms). See docs/benchmarks.md for the knobs and the figures.
+// and 100 ms), and the API server's ceiling (status patches/s from an
+// unthrottled client) before and after. It prints a markdown report; the
+// figures and their reading are in docs/benchmarks.md.
+//
+// Knobs (environment):
+//
+//	LOOPVOL_BENCH_VAS=2000                  VolumeAttachments per run
+//	LOOPVOL_BENCH_NODES=100                 nodes (CSINodes) they spread over
+//	LOOPVOL_BENCH_UPSTREAM_DEFAULT_VAS=200  VAs for external-attacher at its defaults (1.7/s)
+//	LOOPVOL_BENCH_UPSTREAM=0                skip external-attacher
+//	LOOPVOL_BENCH_EXTERNAL_ATTACHER=<path>  use this csi-attacher binary instead of building it
+//	LOOPVOL_BENCH_LATENCIES=0,100ms         ControllerPublish/Unpublish latencies of the stub
+//	LOOPVOL_BENCH_LIST_VOLUMES=0            stub without LIST_VOLUMES(_PUBLISHED_NODES)
+//	LOOPVOL_BENCH_CEILING=10s               length of each ceiling measurement
+//	LOOPVOL_BENCH_CEILING_WORKERS=64        goroutines of the ceiling measurement
+//	LOOPVOL_BENCH_TIMEOUT=5m                limit of each attach or detach phase
+//	LOOPVOL_BENCH_LOOPVOL_ARGS="..."        extra flags for loopvol's attacher (e.g. --http-endpoint=127.0.0.1:9911 --enable-pprof)
+//
+// Each run starts from an empty cluster (its CSINodes, PVs and VAs carry
+// a run label and are removed, finalizers first, before the next run) with
+// a fresh stub driver and attacher process, and a warm-up attach/detach
+// that proves the attacher's caches are synced.
 func BenchmarkAttacher(b *testing.B) {
 	k := loadAttacherKnobs(b)
 	env := cluster.Env(b)
