@@ -49,6 +49,7 @@ type attacherKnobs struct {
 	loopvolArgs                    []string
 	latencies                      []time.Duration
 	listVolumes                    bool
+	backlog                        bool
 	ceilingFor                     time.Duration
 	ceilingWorkers                 int
 	timeout                        time.Duration
@@ -59,7 +60,7 @@ func loadAttacherKnobs(tb testing.TB) attacherKnobs {
 	k := attacherKnobs{
 		vas: 2000, nodes: 100, upstreamDefaultVAs: 200, upstream: true,
 		latencies:   []time.Duration{0, 100 * time.Millisecond},
-		listVolumes: true, ceilingFor: 10 * time.Second, ceilingWorkers: 64, timeout: 5 * time.Minute,
+		listVolumes: true, backlog: true, ceilingFor: 10 * time.Second, ceilingWorkers: 64, timeout: 5 * time.Minute,
 	}
 	intKnob := func(name string, into *int) {
 		if v := os.Getenv(name); v != "" {
@@ -94,6 +95,7 @@ func loadAttacherKnobs(tb testing.TB) attacherKnobs {
 	intKnob("LOOPVOL_BENCH_CEILING_WORKERS", &k.ceilingWorkers)
 	boolKnob("LOOPVOL_BENCH_UPSTREAM", &k.upstream)
 	boolKnob("LOOPVOL_BENCH_LIST_VOLUMES", &k.listVolumes)
+	boolKnob("LOOPVOL_BENCH_BACKLOG", &k.backlog)
 	durKnob("LOOPVOL_BENCH_CEILING", &k.ceilingFor)
 	durKnob("LOOPVOL_BENCH_TIMEOUT", &k.timeout)
 	k.upstreamBinary = os.Getenv("LOOPVOL_BENCH_EXTERNAL_ATTACHER")
@@ -124,10 +126,21 @@ type attacherRun struct {
 	args           []string
 	publishLatency time.Duration
 	vas            int
+	// backlog: the VAs are all created before the attacher starts, so the
+	// API server serves only the attacher while it works.
+	backlog bool
 }
 
 func (r attacherRun) name() string {
-	return fmt.Sprintf("%s/%s/publish=%s", r.attacher, r.flags, r.publishLatency)
+	return fmt.Sprintf("%s/%s/publish=%s", r.attacher, r.scenario(), r.publishLatency)
+}
+
+// scenario is the flags, and "-backlog" for a backlog run.
+func (r attacherRun) scenario() string {
+	if r.backlog {
+		return r.flags + "-backlog"
+	}
+	return r.flags
 }
 
 // attacherResult is what one configuration measured.
@@ -144,6 +157,9 @@ type attacherResult struct {
 	// attachWrites counts every write request the API server served from
 	// the first create until all were attached (creates included).
 	attachWrites float64
+	// cpuBusy is the share of the machine's CPU time that was busy (all
+	// processes) until all were attached.
+	cpuBusy float64
 	// foreign lists other control planes seen running on the machine during
 	// the run: their load makes the figures worse and noisier.
 	foreign    string
@@ -195,6 +211,7 @@ func (r attacherResult) writesPerVA() float64 {
 //	LOOPVOL_BENCH_EXTERNAL_ATTACHER=<path>  use this csi-attacher binary instead of building it
 //	LOOPVOL_BENCH_LATENCIES=0,100ms         ControllerPublish/Unpublish latencies of the stub
 //	LOOPVOL_BENCH_LIST_VOLUMES=0            stub without LIST_VOLUMES(_PUBLISHED_NODES)
+//	LOOPVOL_BENCH_BACKLOG=0                 skip the tuned runs with all VAs created before the attacher starts
 //	LOOPVOL_BENCH_CEILING=10s               length of each ceiling measurement
 //	LOOPVOL_BENCH_CEILING_WORKERS=64        goroutines of the ceiling measurement
 //	LOOPVOL_BENCH_TIMEOUT=5m                limit of each attach or detach phase
@@ -261,6 +278,12 @@ func BenchmarkAttacher(b *testing.B) {
 			runs = append(runs, attacherRun{attacher: "external-attacher", binary: upstream, flags: "tuned", args: tunedFlags, publishLatency: lat, vas: k.vas})
 		}
 		runs = append(runs, attacherRun{attacher: "loopvol", binary: ours, flags: "tuned", args: tunedFlags, publishLatency: lat, vas: k.vas})
+		if k.backlog {
+			if upstream != "" {
+				runs = append(runs, attacherRun{attacher: "external-attacher", binary: upstream, flags: "tuned", args: tunedFlags, publishLatency: lat, vas: k.vas, backlog: true})
+			}
+			runs = append(runs, attacherRun{attacher: "loopvol", binary: ours, flags: "tuned", args: tunedFlags, publishLatency: lat, vas: k.vas, backlog: true})
+		}
 	}
 	var results []attacherResult
 	for _, run := range runs {
@@ -425,82 +448,100 @@ func runAttacher(b *testing.B, client, admin kubernetes.Interface, kubeconfig st
 	if run.attacher == "loopvol" {
 		args = append(args, k.loopvolArgs...)
 	}
-	proc := startSidecar(b, b.TempDir(), strings.ReplaceAll(run.attacher, "/", "-"), run.binary, args...)
-	defer proc.stop()
-	select {
-	case <-stub.Probed():
-	case <-proc.done:
-		b.Fatalf("%s exited before it asked the driver for its capabilities: %v\n%s", run.attacher, proc.waitErr, proc.tail(4096))
-	case <-time.After(time.Minute):
-		b.Fatalf("%s did not ask the driver for its capabilities within a minute:\n%s", run.attacher, proc.tail(4096))
-	}
-
-	// Warm-up: one attach and detach proves the attacher's caches are
-	// synced and its workers running; the pause after it refills the
-	// client's token bucket, so every run starts from a full burst.
-	if _, err := client.StorageV1().VolumeAttachments().Create(ctx, warmup, metav1.CreateOptions{}); err != nil {
-		b.Fatalf("create the warm-up VolumeAttachment: %v", err)
-	}
-	if !w.waitAttached([]string{warmup.Name}, time.Minute) {
-		b.Fatalf("the warm-up VolumeAttachment was not attached within a minute:\n%s", proc.tail(4096))
-	}
-	if err := client.StorageV1().VolumeAttachments().Delete(ctx, warmup.Name, metav1.DeleteOptions{}); err != nil {
-		b.Fatalf("delete the warm-up VolumeAttachment: %v", err)
-	}
-	if !w.waitGone([]string{warmup.Name}, time.Minute) {
-		b.Fatalf("the warm-up VolumeAttachment was not detached within a minute:\n%s", proc.tail(4096))
-	}
-	time.Sleep(3 * time.Second)
-
 	names := make([]string, len(measured))
 	for i, va := range measured {
 		names[i] = va.Name
 	}
-	cpuBefore, err := proc.cpuTime()
-	if err != nil {
-		b.Fatal(err)
-	}
-	before, err := scrapeAPIServer(ctx, admin)
-	if err != nil {
-		b.Fatal(err)
-	}
 	var own atomic.Int64 // the benchmark's own write requests in the window
 	created := make([]time.Time, len(measured))
-	start := time.Now()
-	if err := parallel(ctx, len(measured), clientWorkers, func(ctx context.Context, i int) error {
-		own.Add(1)
-		_, err := client.StorageV1().VolumeAttachments().Create(ctx, measured[i], metav1.CreateOptions{})
-		created[i] = time.Now()
-		return err
-	}); err != nil {
-		b.Fatalf("create VolumeAttachments: %v", err)
+	createMeasured := func() {
+		if err := parallel(ctx, len(measured), clientWorkers, func(ctx context.Context, i int) error {
+			own.Add(1)
+			_, err := client.StorageV1().VolumeAttachments().Create(ctx, measured[i], metav1.CreateOptions{})
+			created[i] = time.Now()
+			return err
+		}); err != nil {
+			b.Fatalf("create VolumeAttachments: %v", err)
+		}
 	}
+	scrape := func() apiServerSnapshot {
+		snap, err := scrapeAPIServer(ctx, admin)
+		if err != nil {
+			b.Fatal(err)
+		}
+		return snap
+	}
+
+	var (
+		proc              *sidecar
+		before, atStart   apiServerSnapshot // window start; attacher's work start
+		cpuBefore         time.Duration
+		busyBefore        cpuSample
+		start             time.Time
+		dir               = b.TempDir()
+		logName           = strings.ReplaceAll(run.attacher, "/", "-")
+		startAttacherProc = func() { proc = startSidecar(b, dir, logName, run.binary, args...) }
+	)
+	if run.backlog {
+		// The VolumeAttachments exist before the attacher starts, as after
+		// a restart or a leader change with work piled up: it finds them all
+		// in its first list, and nothing else writes while it works.
+		before = scrape()
+		start = time.Now()
+		createMeasured()
+		atStart = scrape()
+		busyBefore = readCPUSample()
+		startAttacherProc()
+	} else {
+		startAttacherProc()
+		waitWarm(b, client, w, stub, proc, warmup)
+		var err error
+		if cpuBefore, err = proc.cpuTime(); err != nil {
+			b.Fatal(err)
+		}
+		before = scrape()
+		atStart = before
+		busyBefore = readCPUSample()
+		start = time.Now()
+		createMeasured()
+	}
+	defer proc.stop()
 	if !w.waitAttached(names, k.timeout) {
 		res.problem = fmt.Sprintf("%d of %d attached after %s", w.countAttached(names), len(names), k.timeout)
 	}
-	mid, err := scrapeAPIServer(ctx, admin)
-	if err != nil {
-		b.Fatal(err)
-	}
-	res.attachWrites = mid.writes.since(before.writes).total()
+	res.cpuBusy = readCPUSample().busySince(busyBefore)
+	mid := scrape()
+	res.attachWrites = mid.writes.since(atStart.writes).total()
 	claimedAt, attachedAt := w.times(names)
 	res.attachErrs = w.countErrors(names)
+	res.createAll = slices.MaxFunc(created, time.Time.Compare).Sub(start)
+	// from is when each VA's wait began: its creation, or with a backlog
+	// the moment the attacher took up its first VA (its start-up, the same
+	// for any backlog, is left out).
+	from := created
+	if seen := slices.DeleteFunc(slices.Clone(claimedAt), time.Time.IsZero); run.backlog && len(seen) > 0 {
+		first := slices.MinFunc(seen, time.Time.Compare)
+		from = make([]time.Time, len(created))
+		for i := range from {
+			from[i] = first
+		}
+		start = first
+	}
 	var lat, wait, work []time.Duration
 	var last time.Time
 	for i, t := range attachedAt {
 		if t.IsZero() {
 			continue
 		}
-		lat = append(lat, t.Sub(created[i]))
+		lat = append(lat, t.Sub(from[i]))
 		if c := claimedAt[i]; !c.IsZero() {
-			wait, work = append(wait, c.Sub(created[i])), append(work, t.Sub(c))
+			wait, work = append(wait, c.Sub(from[i])), append(work, t.Sub(c))
 		}
 		if t.After(last) {
 			last = t
 		}
 	}
 	res.attachAll = last.Sub(start)
-	res.createAll = slices.MaxFunc(created, time.Time.Compare).Sub(start)
 	if len(lat) > 0 {
 		res.attachLat = summarize(lat)
 	}
@@ -560,4 +601,33 @@ func runAttacher(b *testing.B, client, admin kubernetes.Interface, kubeconfig st
 	w.stop()
 	deleteRunObjects(b, client, id)
 	return res
+}
+
+// waitWarm waits until the attacher has asked the stub for its
+// capabilities, then runs one attach and detach of warmup: that proves the
+// attacher's caches are synced and its workers running. The pause after it
+// refills the attacher's token bucket, so every run starts from a full
+// burst.
+func waitWarm(b *testing.B, client kubernetes.Interface, w *vaWatch, stub *stubCSI, proc *sidecar, warmup *storagev1.VolumeAttachment) {
+	select {
+	case <-stub.Probed():
+	case <-proc.done:
+		b.Fatalf("%s exited before it asked the driver for its capabilities: %v\n%s", proc.name, proc.waitErr, proc.tail(4096))
+	case <-time.After(time.Minute):
+		b.Fatalf("%s did not ask the driver for its capabilities within a minute:\n%s", proc.name, proc.tail(4096))
+	}
+	ctx := b.Context()
+	if _, err := client.StorageV1().VolumeAttachments().Create(ctx, warmup, metav1.CreateOptions{}); err != nil {
+		b.Fatalf("create the warm-up VolumeAttachment: %v", err)
+	}
+	if !w.waitAttached([]string{warmup.Name}, time.Minute) {
+		b.Fatalf("the warm-up VolumeAttachment was not attached within a minute:\n%s", proc.tail(4096))
+	}
+	if err := client.StorageV1().VolumeAttachments().Delete(ctx, warmup.Name, metav1.DeleteOptions{}); err != nil {
+		b.Fatalf("delete the warm-up VolumeAttachment: %v", err)
+	}
+	if !w.waitGone([]string{warmup.Name}, time.Minute) {
+		b.Fatalf("the warm-up VolumeAttachment was not detached within a minute:\n%s", proc.tail(4096))
+	}
+	time.Sleep(3 * time.Second)
 }

@@ -171,3 +171,35 @@ func otherProcesses(comm string) int {
 	}
 	return max(0, n-1)
 }
+
+// cpuSample is the machine's CPU time from /proc/stat, in clock ticks.
+type cpuSample struct{ busy, total int64 }
+
+func readCPUSample() cpuSample {
+	data, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return cpuSample{}
+	}
+	line, _, _ := strings.Cut(string(data), "\n")
+	f := strings.Fields(line) // cpu user nice system idle iowait irq softirq steal ...
+	if len(f) < 9 || f[0] != "cpu" {
+		return cpuSample{}
+	}
+	var c cpuSample
+	for i, field := range f[1:9] {
+		n, _ := strconv.ParseInt(field, 10, 64)
+		c.total += n
+		if i != 3 && i != 4 { // idle, iowait
+			c.busy += n
+		}
+	}
+	return c
+}
+
+// busySince returns the busy share of the CPU time between s0 and c.
+func (c cpuSample) busySince(s0 cpuSample) float64 {
+	if c.total <= s0.total {
+		return 0
+	}
+	return float64(c.busy-s0.busy) / float64(c.total-s0.total)
+}
