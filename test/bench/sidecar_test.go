@@ -3,6 +3,7 @@ package bench
 import (
 	"bufio"
 	"bytes"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -65,7 +66,8 @@ func (s *sidecar) running() bool {
 	}
 }
 
-// stop sends SIGTERM and waits up to 30 s, then kills.
+// stop sends SIGTERM and waits up to 30 s, then kills. Dying of the
+// SIGTERM (external-attacher does not handle it) counts as a clean stop.
 func (s *sidecar) stop() error {
 	if !s.running() {
 		return s.waitErr
@@ -76,6 +78,13 @@ func (s *sidecar) stop() error {
 	case <-time.After(30 * time.Second):
 		_ = s.cmd.Process.Kill()
 		<-s.done
+		return s.waitErr
+	}
+	var exit *exec.ExitError
+	if errors.As(s.waitErr, &exit) {
+		if ws, ok := exit.Sys().(syscall.WaitStatus); ok && ws.Signaled() && ws.Signal() == syscall.SIGTERM {
+			return nil
+		}
 	}
 	return s.waitErr
 }
