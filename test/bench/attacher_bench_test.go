@@ -505,7 +505,7 @@ func runAttacher(b *testing.B, client, admin kubernetes.Interface, kubeconfig st
 		start = time.Now()
 		createMeasured()
 	}
-	defer proc.stop()
+	defer proc.Stop()
 	if !w.waitAttached(names, k.timeout) {
 		res.problem = fmt.Sprintf("%d of %d attached after %s", w.countAttached(names), len(names), k.timeout)
 	}
@@ -592,9 +592,9 @@ func runAttacher(b *testing.B, client, admin kubernetes.Interface, kubeconfig st
 	}
 	res.done = res.problem == ""
 	if !res.done {
-		b.Errorf("%s: %s\n%s", run.name(), res.problem, proc.tail(4096))
+		b.Errorf("%s: %s\n%s", run.name(), res.problem, proc.Tail(4096))
 	}
-	if err := proc.stop(); err != nil {
+	if err := proc.Stop(); err != nil {
 		fmt.Printf("%s: %s exited with %v after SIGTERM\n", run.name(), run.attacher, err)
 	}
 	stub.Stop()
@@ -611,23 +611,23 @@ func runAttacher(b *testing.B, client, admin kubernetes.Interface, kubeconfig st
 func waitWarm(b *testing.B, client kubernetes.Interface, w *vaWatch, stub *stubCSI, proc *sidecar, warmup *storagev1.VolumeAttachment) {
 	select {
 	case <-stub.Probed():
-	case <-proc.done:
-		b.Fatalf("%s exited before it asked the driver for its capabilities: %v\n%s", proc.name, proc.waitErr, proc.tail(4096))
+	case <-proc.Done():
+		b.Fatalf("%s exited before it asked the driver for its capabilities: %v\n%s", proc.Name, proc.Err(), proc.Tail(4096))
 	case <-time.After(time.Minute):
-		b.Fatalf("%s did not ask the driver for its capabilities within a minute:\n%s", proc.name, proc.tail(4096))
+		b.Fatalf("%s did not ask the driver for its capabilities within a minute:\n%s", proc.Name, proc.Tail(4096))
 	}
 	ctx := b.Context()
 	if _, err := client.StorageV1().VolumeAttachments().Create(ctx, warmup, metav1.CreateOptions{}); err != nil {
 		b.Fatalf("create the warm-up VolumeAttachment: %v", err)
 	}
 	if !w.waitAttached([]string{warmup.Name}, time.Minute) {
-		b.Fatalf("the warm-up VolumeAttachment was not attached within a minute:\n%s", proc.tail(4096))
+		b.Fatalf("the warm-up VolumeAttachment was not attached within a minute:\n%s", proc.Tail(4096))
 	}
 	if err := client.StorageV1().VolumeAttachments().Delete(ctx, warmup.Name, metav1.DeleteOptions{}); err != nil {
 		b.Fatalf("delete the warm-up VolumeAttachment: %v", err)
 	}
 	if !w.waitGone([]string{warmup.Name}, time.Minute) {
-		b.Fatalf("the warm-up VolumeAttachment was not detached within a minute:\n%s", proc.tail(4096))
+		b.Fatalf("the warm-up VolumeAttachment was not detached within a minute:\n%s", proc.Tail(4096))
 	}
 	time.Sleep(3 * time.Second)
 }

@@ -3,90 +3,27 @@ package bench
 import (
 	"bufio"
 	"bytes"
-	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
+
+	"github.com/loopvol/loopvol/test/internal/attacherproc"
 )
 
 // sidecar is one attacher process, ours or external-attacher, started the
-// same way for both so that neither is measured differently: its own pid,
-// its log in a file, SIGTERM to stop, SIGKILL if it dies with the benchmark.
-// (test/internal/attacherproc runs only our own binary.)
-type sidecar struct {
-	name    string
-	logPath string
-	cmd     *exec.Cmd
-	done    chan struct{}
-	waitErr error
-}
+// same way for both (attacherproc.StartBinary) so that neither is measured
+// differently; it adds the CPU and memory readings the benchmark reports.
+type sidecar struct{ *attacherproc.Attacher }
 
 // startSidecar runs bin with args, its output in dir/<name>.log, and stops
 // it when tb ends (printing the log tail if tb failed).
 func startSidecar(tb testing.TB, dir, name, bin string, args ...string) *sidecar {
 	tb.Helper()
-	s := &sidecar{name: name, logPath: filepath.Join(dir, name+".log"), done: make(chan struct{})}
-	logFile, err := os.Create(s.logPath)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	s.cmd = exec.Command(bin, args...)
-	s.cmd.Stdout, s.cmd.Stderr = logFile, logFile
-	s.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := s.cmd.Start(); err != nil {
-		logFile.Close()
-		tb.Fatalf("start %s: %v", name, err)
-	}
-	go func() {
-		s.waitErr = s.cmd.Wait()
-		logFile.Close()
-		close(s.done)
-	}()
-	tb.Cleanup(func() {
-		s.stop()
-		if tb.Failed() {
-			tb.Logf("%s log %s (last 8 KiB):\n%s", name, s.logPath, s.tail(8192))
-		}
-	})
-	return s
-}
-
-func (s *sidecar) running() bool {
-	select {
-	case <-s.done:
-		return false
-	default:
-		return true
-	}
-}
-
-// stop sends SIGTERM and waits up to 30 s, then kills. Dying of the
-// SIGTERM (external-attacher does not handle it) counts as a clean stop.
-func (s *sidecar) stop() error {
-	if !s.running() {
-		return s.waitErr
-	}
-	_ = s.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-s.done:
-	case <-time.After(30 * time.Second):
-		_ = s.cmd.Process.Kill()
-		<-s.done
-		return s.waitErr
-	}
-	var exit *exec.ExitError
-	if errors.As(s.waitErr, &exit) {
-		if ws, ok := exit.Sys().(syscall.WaitStatus); ok && ws.Signaled() && ws.Signal() == syscall.SIGTERM {
-			return nil
-		}
-	}
-	return s.waitErr
+	return &sidecar{attacherproc.StartBinary(tb, bin, dir, name, args...)}
 }
 
 // memory is a process's memory figures from /proc/<pid>/status, in bytes.
@@ -99,10 +36,10 @@ type memory struct {
 // memory reads the process's memory figures; the process must still run.
 func (s *sidecar) memory() (memory, error) {
 	var m memory
-	if !s.running() {
-		return m, fmt.Errorf("%s has ended: %v", s.name, s.waitErr)
+	if !s.Running() {
+		return m, fmt.Errorf("%s has ended: %v", s.Name, s.Err())
 	}
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", s.cmd.Process.Pid))
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", s.Pid()))
 	if err != nil {
 		return m, err
 	}
@@ -124,7 +61,7 @@ func (s *sidecar) memory() (memory, error) {
 		delete(fields, f[0])
 	}
 	if len(fields) > 0 {
-		return m, fmt.Errorf("/proc/%d/status lacks some of VmHWM, RssAnon, RssFile", s.cmd.Process.Pid)
+		return m, fmt.Errorf("/proc/%d/status lacks some of VmHWM, RssAnon, RssFile", s.Pid())
 	}
 	return m, nil
 }
@@ -133,7 +70,7 @@ func (s *sidecar) memory() (memory, error) {
 // (utime and stime of /proc/<pid>/stat, in clock ticks of 1/100 s, the
 // USER_HZ of every Linux architecture Go runs on).
 func (s *sidecar) cpuTime() (time.Duration, error) {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", s.cmd.Process.Pid))
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", s.Pid()))
 	if err != nil {
 		return 0, err
 	}
@@ -142,7 +79,7 @@ func (s *sidecar) cpuTime() (time.Duration, error) {
 	i := bytes.LastIndexByte(data, ')')
 	f := strings.Fields(string(data[i+1:]))
 	if i < 0 || len(f) < 13 {
-		return 0, fmt.Errorf("unexpected /proc/%d/stat %q", s.cmd.Process.Pid, data)
+		return 0, fmt.Errorf("unexpected /proc/%d/stat %q", s.Pid(), data)
 	}
 	var ticks int64
 	for _, field := range f[11:13] {
@@ -153,14 +90,6 @@ func (s *sidecar) cpuTime() (time.Duration, error) {
 		ticks += n
 	}
 	return time.Duration(ticks) * 10 * time.Millisecond, nil
-}
-
-func (s *sidecar) tail(n int) string {
-	data, _ := os.ReadFile(s.logPath)
-	if len(data) > n {
-		data = data[len(data)-n:]
-	}
-	return string(bytes.ToValidUTF8(data, []byte("?")))
 }
 
 // otherProcesses counts the processes named comm beyond the first: the

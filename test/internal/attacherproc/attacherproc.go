@@ -8,6 +8,7 @@ package attacherproc
 import (
 	"bufio"
 	"bytes"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -54,13 +55,20 @@ type Attacher struct {
 // leaves nothing running.
 func Start(tb testing.TB, dir, name string, args ...string) *Attacher {
 	tb.Helper()
+	return StartBinary(tb, Binary(tb), dir, name, args...)
+}
+
+// StartBinary is Start with another attacher binary (the benchmark runs
+// external-attacher the same way, so that both are measured alike).
+func StartBinary(tb testing.TB, bin, dir, name string, args ...string) *Attacher {
+	tb.Helper()
 	a := &Attacher{Name: name, LogPath: filepath.Join(dir, name+".log"), done: make(chan struct{})}
 	logFile, err := os.OpenFile(a.LogPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		tb.Fatal(err)
 	}
 	fmt.Fprintf(logFile, "=== attacherproc: starting %s at %s: %s\n", name, time.Now().Format(time.RFC3339Nano), strings.Join(args, " "))
-	a.cmd = exec.Command(Binary(tb), args...)
+	a.cmd = exec.Command(bin, args...)
 	a.cmd.Stdout, a.cmd.Stderr = logFile, logFile
 	a.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := a.cmd.Start(); err != nil {
@@ -111,6 +119,23 @@ func (a *Attacher) Stop() error {
 	case <-time.After(30 * time.Second):
 		_ = a.cmd.Process.Kill()
 		<-a.done
+		return a.waitErr
+	}
+	// Dying of the SIGTERM (external-attacher does not handle it) is a
+	// clean stop too.
+	var exit *exec.ExitError
+	if errors.As(a.waitErr, &exit) {
+		if ws, ok := exit.Sys().(syscall.WaitStatus); ok && ws.Signaled() && ws.Signal() == syscall.SIGTERM {
+			return nil
+		}
+	}
+	return a.waitErr
+}
+
+// Err is how the process ended (nil while it runs or after a clean exit).
+func (a *Attacher) Err() error {
+	if a.Running() {
+		return nil
 	}
 	return a.waitErr
 }
