@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"slices"
 	"strings"
 
@@ -193,16 +192,10 @@ func segmentMatches(t *csi.Topology, p *pool.Pool) bool {
 // csiVolume describes a volume for a CreateVolume, ListVolumes or
 // ControllerGetVolume answer.
 func (s *Server) csiVolume(p *pool.Pool, v *pool.Volume) *csi.Volume {
-	ctx := map[string]string{ContextPool: p.Name, ContextAccessType: v.AccessType}
-	for k, val := range maps.All(v.Parameters) {
-		if k == ParameterPool {
-			ctx[ContextPool] = val
-		}
-	}
 	return &csi.Volume{
 		VolumeId:           v.ID,
 		CapacityBytes:      v.SizeBytes,
-		VolumeContext:      ctx,
+		VolumeContext:      map[string]string{ContextPool: p.Name, ContextAccessType: v.AccessType},
 		AccessibleTopology: []*csi.Topology{{Segments: map[string]string{TopologyKey: p.Zone}}},
 	}
 }
