@@ -27,6 +27,15 @@ func (s *Server) allVolumeIDs() ([]pool.VolumeID, error) {
 	return ids, nil
 }
 
+// volumePage returns one page of all volume IDs and the next token.
+func (s *Server) volumePage(token string, maxEntries int32) ([]pool.VolumeID, string, error) {
+	ids, err := s.allVolumeIDs()
+	if err != nil {
+		return nil, "", toStatus(err)
+	}
+	return page(ids, token, maxEntries)
+}
+
 // page cuts a sorted ID list at a starting token (the last ID of the previous
 // page) and a maximum; it returns the page and the next token. A token that
 // is not an ID we issue is ABORTED, as the spec asks.
@@ -51,11 +60,7 @@ func page(ids []pool.VolumeID, token string, maxEntries int32) ([]pool.VolumeID,
 // ListVolumes lists volumes with the nodes they are published to, a page at
 // a time. A volume whose record cannot be read is listed with its ID only.
 func (s *Server) ListVolumes(ctx context.Context, req *csi.ListVolumesRequest) (*csi.ListVolumesResponse, error) {
-	ids, err := s.allVolumeIDs()
-	if err != nil {
-		return nil, toStatus(err)
-	}
-	ids, next, err := page(ids, req.GetStartingToken(), req.GetMaxEntries())
+	ids, next, err := s.volumePage(req.GetStartingToken(), req.GetMaxEntries())
 	if err != nil {
 		return nil, err
 	}
@@ -113,11 +118,7 @@ func (s *Server) ControllerGetVolumeHealth(ctx context.Context, req *csi.Control
 // ControllerListVolumeHealth reports the condition of every volume, paged as
 // ListVolumes.
 func (s *Server) ControllerListVolumeHealth(ctx context.Context, req *csi.ControllerListVolumeHealthRequest) (*csi.ControllerListVolumeHealthResponse, error) {
-	ids, err := s.allVolumeIDs()
-	if err != nil {
-		return nil, toStatus(err)
-	}
-	ids, next, err := page(ids, req.GetStartingToken(), req.GetMaxEntries())
+	ids, next, err := s.volumePage(req.GetStartingToken(), req.GetMaxEntries())
 	if err != nil {
 		return nil, err
 	}
