@@ -11,19 +11,19 @@ import (
 	"testing"
 	"time"
 
-	"github.com/loopvol/loopvol/test/internal/attacherproc"
+	"github.com/loopvol/loopvol/test/internal/proc"
 )
 
 // sidecar is one attacher process, ours or external-attacher, started the
-// same way for both (attacherproc.StartBinary) so that neither is measured
+// same way for both (test/internal/proc) so that neither is measured
 // differently; it adds the CPU and memory readings the benchmark reports.
-type sidecar struct{ *attacherproc.Attacher }
+type sidecar struct{ *proc.Process }
 
 // startSidecar runs bin with args, its output in dir/<name>.log, and stops
 // it when tb ends (printing the log tail if tb failed).
 func startSidecar(tb testing.TB, dir, name, bin string, args ...string) *sidecar {
 	tb.Helper()
-	return &sidecar{attacherproc.StartBinary(tb, bin, dir, name, args...)}
+	return &sidecar{proc.Start(tb, bin, dir, name, args...)}
 }
 
 // memory is a process's memory figures from /proc/<pid>/status, in bytes.

@@ -1,18 +1,17 @@
-// Package driverproc builds bin/driver once per test binary and runs it as a
-// real process (as kubelet and the sidecars see it), each under the test's
-// own temporary directories, stopping it and cleaning up in t.Cleanup.
+// Package driverproc builds cmd/driver once per test binary and runs it as a
+// real process (test/internal/proc), as kubelet and the sidecars see it,
+// each under the test's own temporary directories.
 package driverproc
 
 import (
-	"bytes"
 	"context"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
+
+	"github.com/loopvol/loopvol/test/internal/proc"
 
 	"github.com/loopvol/loopvol/test/internal/gobuild"
 
@@ -30,43 +29,23 @@ func Binary(tb testing.TB) string {
 // Cleanup removes the built binaries; call it from TestMain after m.Run.
 func Cleanup() { gobuild.Cleanup() }
 
-// Driver is a running driver process.
+// Driver is a running driver process and a connection to its socket.
 type Driver struct {
+	*proc.Process
 	Endpoint string
 	Socket   string
 	Conn     *grpc.ClientConn
-	LogPath  string
-	cmd      *exec.Cmd
-	done     chan struct{}
 }
 
-// Start runs the driver with args (add --endpoint yourself or let Start pick
-// a socket in dir) and waits until it answers Probe. The process is stopped
-// with SIGTERM in t.Cleanup (SIGKILL if it does not stop), and its log is
-// printed when the test failed.
+// Start runs the driver with args (Start picks the socket, dir/csi.sock) and
+// waits until it answers Probe. The process is run by test/internal/proc:
+// log in dir/driver.log, stopped with SIGTERM in t.Cleanup (SIGKILL if it
+// does not stop), log printed when the test failed.
 func Start(tb testing.TB, dir string, args ...string) *Driver {
 	tb.Helper()
-	d := &Driver{Socket: filepath.Join(dir, "csi.sock"), LogPath: filepath.Join(dir, "driver.log"), done: make(chan struct{})}
+	d := &Driver{Socket: filepath.Join(dir, "csi.sock")}
 	d.Endpoint = "unix://" + d.Socket
-	logFile, err := os.Create(d.LogPath)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	d.cmd = exec.Command(Binary(tb), append([]string{"--endpoint=" + d.Endpoint, "--v=4"}, args...)...)
-	d.cmd.Stdout, d.cmd.Stderr = logFile, logFile
-	d.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := d.cmd.Start(); err != nil {
-		logFile.Close()
-		tb.Fatal(err)
-	}
-	go func() { d.cmd.Wait(); logFile.Close(); close(d.done) }()
-	tb.Cleanup(func() {
-		d.Stop()
-		if tb.Failed() {
-			data, _ := os.ReadFile(d.LogPath)
-			tb.Logf("driver log %s (last 4 KiB):\n%s", d.LogPath, tail(data, 4096))
-		}
-	})
+	d.Process = proc.Start(tb, Binary(tb), dir, "driver", append([]string{"--endpoint=" + d.Endpoint, "--v=4"}, args...)...)
 	conn, err := grpc.NewClient(d.Endpoint, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		tb.Fatal(err)
@@ -81,46 +60,14 @@ func Start(tb testing.TB, dir string, args ...string) *Driver {
 		if err == nil && resp.GetReady().GetValue() {
 			return d
 		}
-		select {
-		case <-d.done:
-			data, _ := os.ReadFile(d.LogPath)
-			tb.Fatalf("driver exited before it was ready: %s", tail(data, 4096))
-		default:
+		if !d.Running() {
+			tb.Fatalf("driver exited before it was ready: %s", d.Tail(4096))
 		}
 		if time.Now().After(deadline) {
 			tb.Fatalf("driver not ready after 30s: %v", err)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-}
-
-// Stop sends SIGTERM and waits up to 30 s, then kills.
-func (d *Driver) Stop() {
-	select {
-	case <-d.done:
-		return
-	default:
-	}
-	d.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-d.done:
-	case <-time.After(30 * time.Second):
-		d.cmd.Process.Kill()
-		<-d.done
-	}
-}
-
-// Kill stops the driver at once, as a crash would.
-func (d *Driver) Kill() {
-	d.cmd.Process.Kill()
-	<-d.done
-}
-
-func tail(b []byte, n int) string {
-	if len(b) > n {
-		b = b[len(b)-n:]
-	}
-	return string(bytes.ToValidUTF8(b, []byte("?")))
 }
 
 // RequireRoot skips unless the test runs as root: loop devices and mounts
