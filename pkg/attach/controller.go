@@ -10,14 +10,9 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
-	storagev1 "k8s.io/api/storage/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
-	typedstoragev1 "k8s.io/client-go/kubernetes/typed/storage/v1"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	storagelisters "k8s.io/client-go/listers/storage/v1"
 	"k8s.io/client-go/tools/cache"
@@ -26,6 +21,7 @@ import (
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 
+	"github.com/loopvol/loopvol/internal/kube"
 	"github.com/loopvol/loopvol/pkg/csiclient"
 )
 
@@ -42,13 +38,7 @@ const (
 const EventComponent = "loopvol-attacher"
 
 // KubeClient is the part of the Kubernetes API the controller uses.
-// *kubernetes.Clientset and the fake clientset implement it. A client made of
-// just these two typed clients keeps a binary about a third smaller than one
-// that links the whole clientset, and with it its resident memory.
-type KubeClient interface {
-	CoreV1() typedcorev1.CoreV1Interface
-	StorageV1() typedstoragev1.StorageV1Interface
-}
+type KubeClient = kube.Client
 
 // CSI is the part of a driver connection the controller uses;
 // *csiclient.Client implements it.
@@ -101,6 +91,14 @@ type Config struct {
 	DefaultFSType string
 	// Registerer receives the controller's metrics. Optional.
 	Registerer prometheus.Registerer
+	// Informers are the process's shared informers. Optional: when nil, the
+	// controller makes its own over Client (with Resync) and runs them in
+	// Run; when set, the caller starts them.
+	Informers *kube.Informers
+	// NodeName, when set, limits the controller to the VolumeAttachments of
+	// that node (--node-deployment: one sidecar per node, next to a driver
+	// that can only serve its own node's pool).
+	NodeName string
 }
 
 // Validate reports the first field of c that cannot work.
@@ -126,22 +124,8 @@ func (c Config) Validate() error {
 	return nil
 }
 
-// queue is one work queue with its rate limiter, which processNextWorkItem
-// also asks for delays directly.
-type queue struct {
-	name string
-	q    workqueue.TypedRateLimitingInterface[string]
-	rl   workqueue.TypedRateLimiter[string]
-}
-
-func newQueue(name string, start, max time.Duration) *queue {
-	rl := workqueue.NewTypedItemExponentialFailureRateLimiter[string](start, max)
-	return &queue{
-		name: name,
-		rl:   rl,
-		q:    workqueue.NewTypedRateLimitingQueueWithConfig(rl, workqueue.TypedRateLimitingQueueConfig[string]{Name: name}),
-	}
-}
+// queue is one of the controller's work queues.
+type queue = kube.Queue[string]
 
 // Controller is the VolumeAttachment controller. Build it with New, start it
 // with Run.
@@ -163,8 +147,8 @@ type Controller struct {
 
 	attachQ, detachQ, pvQ *queue
 
-	// finalRetryFloor is the shortest wait after a final error.
-	finalRetryFloor time.Duration
+	informers    *kube.Informers
+	ownInformers bool // made by New, so run by Run
 
 	locks   *keyLocks
 	pending *pendingTracker
@@ -172,10 +156,8 @@ type Controller struct {
 	metrics *metrics
 }
 
-// New builds a controller and its informers (VolumeAttachments,
-// PersistentVolumes, CSINodes; managedFields dropped from the cache). Run
-// starts them. The informers are made here rather than taken from a shared
-// informer factory: the factory links an informer for every API type.
+// New builds a controller over the VolumeAttachment, PersistentVolume and
+// CSINode informers of cfg.Informers (or informers of its own).
 func New(cfg Config) (*Controller, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("attach controller: %w", err)
@@ -188,16 +170,20 @@ func New(cfg Config) (*Controller, error) {
 		csi:       cfg.CSI,
 		recorder:  cfg.Recorder,
 		clock:     clk,
-		attachQ:   newQueue(AttachQueueName, cfg.RetryIntervalStart, cfg.RetryIntervalMax),
-		detachQ:   newQueue(DetachQueueName, cfg.RetryIntervalStart, cfg.RetryIntervalMax),
-		pvQ:       newQueue(PVQueueName, cfg.RetryIntervalStart, cfg.RetryIntervalMax),
-		// A final error will fail the same way until something changes;
-		// 32 initial intervals (32 s at the defaults) keeps it off the hot
-		// path. A detach on the same volume or node wakes it earlier.
-		finalRetryFloor: min(32*cfg.RetryIntervalStart, cfg.RetryIntervalMax),
-		locks:           newKeyLocks(),
-		pending:         newPendingTracker(clk),
-		state:           newVAState(),
+		// A final error waits at least 32 initial intervals (32 s at the
+		// defaults): it will fail the same way until something changes. A
+		// detach on the same volume or node wakes it earlier.
+		attachQ:   kube.NewQueue[string](AttachQueueName, cfg.RetryIntervalStart, cfg.RetryIntervalMax),
+		detachQ:   kube.NewQueue[string](DetachQueueName, cfg.RetryIntervalStart, cfg.RetryIntervalMax),
+		pvQ:       kube.NewQueue[string](PVQueueName, cfg.RetryIntervalStart, cfg.RetryIntervalMax),
+		informers: cfg.Informers,
+		locks:     newKeyLocks(),
+		pending:   newPendingTracker(clk),
+		state:     newVAState(),
+	}
+	if c.informers == nil {
+		c.informers = kube.NewInformers(cfg.Client, cfg.Resync)
+		c.ownInformers = true
 	}
 	m, err := newMetrics(c.pending, cfg.Registerer)
 	if err != nil {
@@ -205,36 +191,16 @@ func New(cfg Config) (*Controller, error) {
 	}
 	c.metrics = m
 
-	st := cfg.Client.StorageV1()
-	core := cfg.Client.CoreV1()
-	c.vaInformer = newInformer(cfg.Client, &storagev1.VolumeAttachment{}, cfg.Resync, vaIndexers,
-		func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-			return st.VolumeAttachments().List(ctx, o)
-		},
-		func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-			return st.VolumeAttachments().Watch(ctx, o)
-		})
-	c.pvInformer = newInformer(cfg.Client, &corev1.PersistentVolume{}, cfg.Resync, nil,
-		func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-			return core.PersistentVolumes().List(ctx, o)
-		},
-		func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-			return core.PersistentVolumes().Watch(ctx, o)
-		})
-	c.csiNodeInformer = newInformer(cfg.Client, &storagev1.CSINode{}, cfg.Resync, nil,
-		func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-			return st.CSINodes().List(ctx, o)
-		},
-		func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-			return st.CSINodes().Watch(ctx, o)
-		})
+	c.vaInformer = c.informers.VolumeAttachments()
+	if err := c.vaInformer.AddIndexers(vaIndexers); err != nil {
+		return nil, fmt.Errorf("attach controller: VolumeAttachment indexes: %w", err)
+	}
+	c.pvInformer = c.informers.PersistentVolumes(kube.PVAttach)
+	c.csiNodeInformer = c.informers.CSINodes()
 	c.vaIndexer = c.vaInformer.GetIndexer()
 	c.vaLister = storagelisters.NewVolumeAttachmentLister(c.vaIndexer)
 	c.pvLister = corelisters.NewPersistentVolumeLister(c.pvInformer.GetIndexer())
 	c.csiNodeLister = storagelisters.NewCSINodeLister(c.csiNodeInformer.GetIndexer())
-	if err := c.addEventHandlers(c.vaInformer, c.pvInformer, c.csiNodeInformer); err != nil {
-		return nil, fmt.Errorf("attach controller: event handlers: %w", err)
-	}
 	return c, nil
 }
 
@@ -251,16 +217,27 @@ func (c *Controller) Run(ctx context.Context) error {
 		defer events.Shutdown()
 		c.recorder = events.NewRecorder(scheme.Scheme, corev1.EventSource{Component: EventComponent})
 	}
-	var informers sync.WaitGroup
-	defer informers.Wait() // after ctx ended: the informers stop with it
-	for _, inf := range []cache.SharedIndexInformer{c.vaInformer, c.pvInformer, c.csiNodeInformer} {
-		informers.Go(func() { inf.RunWithContext(ctx) })
+	// The handlers are added only now, when this replica starts acting:
+	// shared informers run (and keep a warm cache) on a standby replica
+	// too, and adding a handler to a running informer replays its cache.
+	regs, err := c.addEventHandlers(c.vaInformer, c.pvInformer, c.csiNodeInformer)
+	if err != nil {
+		c.shutDownQueues()
+		return fmt.Errorf("attach controller: event handlers: %w", err)
+	}
+	defer removeHandlers(logger, regs)
+	if c.ownInformers {
+		c.informers.Start(ctx)
 	}
 
 	pvWorkers := max(1, c.cfg.Workers/4)
 	logger.Info("Starting the attach controller", "driver", c.cfg.DriverName, "finalizer", c.finalizer,
 		"attachWorkers", c.cfg.Workers, "detachWorkers", c.cfg.Workers, "pvWorkers", pvWorkers)
-	if !cache.WaitForNamedCacheSyncWithContext(ctx, c.vaInformer.HasSynced, c.pvInformer.HasSynced, c.csiNodeInformer.HasSynced) {
+	synced := []cache.InformerSynced{c.vaInformer.HasSynced, c.pvInformer.HasSynced, c.csiNodeInformer.HasSynced}
+	for _, r := range regs {
+		synced = append(synced, r.reg.HasSynced)
+	}
+	if !cache.WaitForNamedCacheSyncWithContext(ctx, synced...) {
 		c.shutDownQueues()
 		return nil // ctx ended
 	}
@@ -299,9 +276,9 @@ func (c *Controller) Run(ctx context.Context) error {
 }
 
 func (c *Controller) shutDownQueues() {
-	c.attachQ.q.ShutDown()
-	c.detachQ.q.ShutDown()
-	c.pvQ.q.ShutDown()
+	c.attachQ.ShutDown()
+	c.detachQ.ShutDown()
+	c.pvQ.ShutDown()
 }
 
 // vaWorker returns a worker loop over one of the two VolumeAttachment
@@ -328,19 +305,19 @@ func (c *Controller) processNextVA(ctx context.Context, q *queue) bool {
 	if err := c.csi.WaitReady(ctx); err != nil {
 		return false
 	}
-	key, quit := q.q.Get()
+	key, quit := q.Q.Get()
 	if quit {
 		return false
 	}
-	defer q.q.Done(key)
+	defer q.Q.Done(key)
 	// Idle workers sit in Get, past the check above, while the driver is
 	// ready; one of them gets the first item queued after the driver went
 	// away. Wait here too, holding the item.
 	if err := c.csi.WaitReady(ctx); err != nil {
-		q.q.Add(key) // back in the queue unless the queue is shutting down
+		q.Q.Add(key) // back in the queue unless the queue is shutting down
 		return false
 	}
-	if !c.locks.tryLock(key, q.q) {
+	if !c.locks.tryLock(key, q.Q) {
 		// The other VA queue's worker has it; it is queued here again
 		// when that worker is done.
 		return true
@@ -354,33 +331,20 @@ func (c *Controller) processNextVA(ctx context.Context, q *queue) bool {
 }
 
 func (c *Controller) processNextPV(ctx context.Context) bool {
-	key, quit := c.pvQ.q.Get()
+	key, quit := c.pvQ.Q.Get()
 	if quit {
 		return false
 	}
-	defer c.pvQ.q.Done(key)
+	defer c.pvQ.Q.Done(key)
 	err := c.syncPV(ctx, key)
 	c.handleErr(ctx, c.pvQ, key, err)
 	return true
 }
 
-// handleErr forgets key's backoff after a success, and after a failure
-// queues it again after its backoff, or after at least finalRetryFloor when
-// the error is final. It returns the delay (zero after a success).
+// handleErr ends one sync of key on q: errors that no retry fixes soon
+// (final gRPC codes, permanent errors) wait at least the final-error floor.
 func (c *Controller) handleErr(ctx context.Context, q *queue, key string, err error) time.Duration {
-	if err == nil {
-		q.q.Forget(key)
-		return 0
-	}
-	final := isFinal(err)
-	delay := q.rl.When(key)
-	if final {
-		delay = max(delay, c.finalRetryFloor)
-	}
-	q.q.AddAfter(key, delay)
-	klog.FromContext(ctx).Error(err, "Sync failed, will retry", "queue", q.name, "key", key,
-		"final", final, "retryAfter", delay, "failures", q.rl.NumRequeues(key))
-	return delay
+	return q.Handle(ctx, key, err, err != nil && isFinal(err))
 }
 
 // keyLocks makes sure one VolumeAttachment is processed by one worker at a
@@ -423,18 +387,4 @@ func (l *keyLocks) unlock(key string) {
 	for _, q := range waiting {
 		q.Add(key)
 	}
-}
-
-// newInformer is a shared informer over one resource, with streaming lists
-// where the client supports them, and the cache transform.
-func newInformer(client KubeClient, example runtime.Object, resync time.Duration, indexers cache.Indexers,
-	list cache.ListWithContextFunc, watchFunc cache.WatchFuncWithContext) cache.SharedIndexInformer {
-	lw := cache.ToListWatcherWithWatchListSemantics(&cache.ListWatch{ListWithContextFunc: list, WatchFuncWithContext: watchFunc}, client)
-	inf := cache.NewSharedIndexInformerWithOptions(lw, example, cache.SharedIndexInformerOptions{
-		ResyncPeriod: resync,
-		Indexers:     indexers,
-	})
-	// Only fails once the informer runs.
-	_ = inf.SetTransform(stripForCache)
-	return inf
 }

@@ -92,8 +92,8 @@ func TestAttachDetachFlowPublishesOnceWithFourWrites(t *testing.T) {
 		}
 	}
 	f.observe()
-	if f.c.attachQ.q.Len() != 0 || f.c.detachQ.q.Len() != n {
-		t.Fatalf("queues after deletion: attach %d, detach %d; want 0, %d", f.c.attachQ.q.Len(), f.c.detachQ.q.Len(), n)
+	if f.c.attachQ.Q.Len() != 0 || f.c.detachQ.Q.Len() != n {
+		t.Fatalf("queues after deletion: attach %d, detach %d; want 0, %d", f.c.attachQ.Q.Len(), f.c.detachQ.Q.Len(), n)
 	}
 	f.drain()
 	diff(t, "CSI calls after detach", map[string]int{"ControllerUnpublishVolume": n}, countCalls(f.csi.takeCalls()))
@@ -147,15 +147,15 @@ func TestOwnStatusWriteDoesNotResetBackoff(t *testing.T) {
 			}
 			// The attachError write comes back as an update event.
 			f.observe()
-			if n := f.c.attachQ.q.Len(); n != 1 { // the original Add, not yet taken
+			if n := f.c.attachQ.Q.Len(); n != 1 { // the original Add, not yet taken
 				t.Errorf("attach queue holds %d items, want only the original one", n)
 			}
-			key, _ := f.c.attachQ.q.Get()
-			f.c.attachQ.q.Done(key)
-			if n := f.c.attachQ.q.Len(); n != 0 {
+			key, _ := f.c.attachQ.Q.Get()
+			f.c.attachQ.Q.Done(key)
+			if n := f.c.attachQ.Q.Len(); n != 0 {
 				t.Errorf("our own status write queued the object again (%d items)", n)
 			}
-			if n := f.c.attachQ.rl.NumRequeues("va1"); n != 1 {
+			if n := f.c.attachQ.Failures("va1"); n != 1 {
 				t.Errorf("failures counted = %d, want 1", n)
 			}
 		})
@@ -232,11 +232,11 @@ func TestEnqueueRoutesAttachAndDetach(t *testing.T) {
 	f.c.vaAdded(vaObj("live", "pv1"))
 	f.c.vaAdded(vaObj("gone", "pv2", deleting, withFinalizers(finalizer)))
 	f.c.vaAdded(vaObj("other", "pv3", func(va *storagev1.VolumeAttachment) { va.Spec.Attacher = "other.csi.io" }))
-	if f.c.attachQ.q.Len() != 1 || f.c.detachQ.q.Len() != 1 {
-		t.Fatalf("attach queue %d, detach queue %d; want 1 and 1", f.c.attachQ.q.Len(), f.c.detachQ.q.Len())
+	if f.c.attachQ.Q.Len() != 1 || f.c.detachQ.Q.Len() != 1 {
+		t.Fatalf("attach queue %d, detach queue %d; want 1 and 1", f.c.attachQ.Q.Len(), f.c.detachQ.Q.Len())
 	}
-	a, _ := f.c.attachQ.q.Get()
-	d, _ := f.c.detachQ.q.Get()
+	a, _ := f.c.attachQ.Q.Get()
+	d, _ := f.c.detachQ.Q.Get()
 	if a != "live" || d != "gone" {
 		t.Errorf("attach queue had %q, detach queue %q", a, d)
 	}
@@ -247,17 +247,17 @@ func TestOneWorkerPerVolumeAttachmentAcrossQueues(t *testing.T) {
 		vaObj("va1", "pv1", deleting, withFinalizers(finalizer), withNodeIDAnnotation(testNodeID), attached(nil)),
 		pvObj("pv1", "pool.vol1", pvFinalizers(finalizer)))
 	// An attach worker holds va1 (it was deleted while being attached).
-	if !f.c.locks.tryLock("va1", f.c.attachQ.q) {
+	if !f.c.locks.tryLock("va1", f.c.attachQ.Q) {
 		t.Fatal("tryLock failed on a free key")
 	}
-	f.c.detachQ.q.Add("va1")
+	f.c.detachQ.Q.Add("va1")
 	f.c.processNextVA(f.ctx, f.c.detachQ)
 	diff(t, "CSI calls while another worker holds va1", nil, f.csi.takeCalls())
-	if n := f.c.detachQ.q.Len(); n != 0 {
+	if n := f.c.detachQ.Q.Len(); n != 0 {
 		t.Fatalf("detach queue holds %d items while va1 is busy", n)
 	}
 	f.c.locks.unlock("va1")
-	if n := f.c.detachQ.q.Len(); n != 1 {
+	if n := f.c.detachQ.Q.Len(); n != 1 {
 		t.Fatalf("va1 not handed back to the detach queue (%d items)", n)
 	}
 	f.c.processNextVA(f.ctx, f.c.detachQ)
@@ -276,9 +276,9 @@ func TestDetachWakesAttachesBlockedOnTheSameVolumeOrNode(t *testing.T) {
 		t.Fatalf("syncVA: %v", err)
 	}
 	var woken []string
-	for f.c.attachQ.q.Len() > 0 {
-		k, _ := f.c.attachQ.q.Get()
-		f.c.attachQ.q.Done(k)
+	for f.c.attachQ.Q.Len() > 0 {
+		k, _ := f.c.attachQ.Q.Get()
+		f.c.attachQ.Q.Done(k)
 		woken = append(woken, k)
 	}
 	diff(t, "woken attaches", []string{"same-volume", "same-node"}, woken)
@@ -289,14 +289,14 @@ func TestCSINodeRegistrationWakesWaitingAttaches(t *testing.T) {
 		vaObj("waiting", "pv1", withAttachError(0)),
 		vaObj("done", "pv2", attached(nil)))
 	f.c.csiNodeChanged(nil, csiNodeObj(testNode, testNodeID))
-	if n := f.c.attachQ.q.Len(); n != 1 {
+	if n := f.c.attachQ.Q.Len(); n != 1 {
 		t.Fatalf("attach queue holds %d items, want the waiting one", n)
 	}
 	// The same ID again (a resync) wakes nobody.
-	k, _ := f.c.attachQ.q.Get()
-	f.c.attachQ.q.Done(k)
+	k, _ := f.c.attachQ.Q.Get()
+	f.c.attachQ.Q.Done(k)
 	f.c.csiNodeChanged(csiNodeObj(testNode, testNodeID), csiNodeObj(testNode, testNodeID))
-	if n := f.c.attachQ.q.Len(); n != 0 {
+	if n := f.c.attachQ.Q.Len(); n != 0 {
 		t.Errorf("an unchanged CSINode queued %d items", n)
 	}
 }
@@ -362,7 +362,7 @@ func TestWaitsForTheDriverInsteadOfFailing(t *testing.T) {
 	if f.c.processNextVA(ctx, f.c.attachQ) {
 		t.Fatal("processNextVA went on while the driver was away")
 	}
-	if n := f.c.attachQ.q.Len(); n != 1 {
+	if n := f.c.attachQ.Q.Len(); n != 1 {
 		t.Errorf("attach queue holds %d items, want the item untouched", n)
 	}
 	diff(t, "API actions while the driver is away", nil, f.actions())

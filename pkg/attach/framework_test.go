@@ -30,6 +30,7 @@ import (
 	"k8s.io/klog/v2/ktesting"
 	testingclock "k8s.io/utils/clock/testing"
 
+	"github.com/loopvol/loopvol/internal/kube"
 	"github.com/loopvol/loopvol/pkg/csiclient"
 )
 
@@ -410,7 +411,7 @@ func (f *fixture) bumpRV(obj metav1.Object, gvr schema.GroupVersionResource) {
 
 func stripped[T runtime.Object](o T) T {
 	c := o.DeepCopyObject().(T)
-	out, _ := stripForCache(c)
+	out, _ := kube.StripPV(c, kube.PVAttach)
 	return out.(T)
 }
 
@@ -420,11 +421,11 @@ func (f *fixture) drain() {
 	f.t.Helper()
 	for range 1000 {
 		switch {
-		case f.c.attachQ.q.Len() > 0:
+		case f.c.attachQ.Q.Len() > 0:
 			f.c.processNextVA(f.ctx, f.c.attachQ)
-		case f.c.detachQ.q.Len() > 0:
+		case f.c.detachQ.Q.Len() > 0:
 			f.c.processNextVA(f.ctx, f.c.detachQ)
-		case f.c.pvQ.q.Len() > 0:
+		case f.c.pvQ.Q.Len() > 0:
 			f.c.processNextPV(f.ctx)
 		default:
 			return

@@ -6,8 +6,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
-	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
 )
 
 // Indexes of the VolumeAttachment cache.
@@ -33,62 +33,56 @@ var vaIndexers = cache.Indexers{
 	},
 }
 
-// lastAppliedAnnotation is kubectl's copy of an applied object, often the
-// largest part of a hand-made object.
-const lastAppliedAnnotation = "kubectl.kubernetes.io/last-applied-configuration"
-
-// stripForCache drops from every cached object what the controller never
-// reads: managedFields and kubectl's last-applied copy everywhere, and from
-// PersistentVolumes everything but their finalizers, deletion state, access
-// modes, volume mode, mount options and CSI source (no labels, annotations,
-// claim reference, node affinity, capacity or status). With thousands of
-// objects this is most of their size.
-func stripForCache(obj any) (any, error) {
-	if pv, ok := obj.(*corev1.PersistentVolume); ok {
-		pv.Labels, pv.Annotations, pv.OwnerReferences = nil, nil, nil
-		pv.Spec = corev1.PersistentVolumeSpec{
-			AccessModes:            pv.Spec.AccessModes,
-			VolumeMode:             pv.Spec.VolumeMode,
-			MountOptions:           pv.Spec.MountOptions,
-			PersistentVolumeSource: corev1.PersistentVolumeSource{CSI: pv.Spec.CSI},
-		}
-		pv.Status = corev1.PersistentVolumeStatus{}
-	}
-	a, err := meta.Accessor(obj)
-	if err != nil {
-		return obj, nil // a tombstone or another non-object: keep as is
-	}
-	a.SetManagedFields(nil)
-	if ann := a.GetAnnotations(); ann != nil {
-		if _, ok := ann[lastAppliedAnnotation]; ok {
-			delete(ann, lastAppliedAnnotation)
-			a.SetAnnotations(ann)
-		}
-	}
-	return obj, nil
+// handler is one event handler the controller added to a shared informer.
+type handler struct {
+	inf cache.SharedIndexInformer
+	reg cache.ResourceEventHandlerRegistration
 }
 
-func (c *Controller) addEventHandlers(va, pv, csiNode cache.SharedIndexInformer) error {
-	if _, err := va.AddEventHandler(cache.ResourceEventHandlerFuncs{
+// addEventHandlers adds the controller's handlers to the informers. On an
+// error the handlers added so far are removed again.
+func (c *Controller) addEventHandlers(va, pv, csiNode cache.SharedIndexInformer) ([]handler, error) {
+	var regs []handler
+	add := func(inf cache.SharedIndexInformer, h cache.ResourceEventHandler) error {
+		reg, err := inf.AddEventHandler(h)
+		if err == nil {
+			regs = append(regs, handler{inf: inf, reg: reg})
+		}
+		return err
+	}
+	err := add(va, cache.ResourceEventHandlerFuncs{
 		AddFunc:    c.vaAdded,
 		UpdateFunc: c.vaUpdated,
 		DeleteFunc: c.vaDeleted,
-	}); err != nil {
-		return err
-	}
-	if _, err := pv.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    c.pvChanged,
-		UpdateFunc: func(_, newObj any) { c.pvChanged(newObj) },
-	}); err != nil {
-		return err
-	}
-	_, err := csiNode.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: func(obj any) { c.csiNodeChanged(nil, obj) },
-		UpdateFunc: func(oldObj, newObj any) {
-			c.csiNodeChanged(oldObj, newObj)
-		},
 	})
-	return err
+	if err == nil {
+		err = add(pv, cache.ResourceEventHandlerFuncs{
+			AddFunc:    c.pvChanged,
+			UpdateFunc: func(_, newObj any) { c.pvChanged(newObj) },
+		})
+	}
+	if err == nil {
+		err = add(csiNode, cache.ResourceEventHandlerFuncs{
+			AddFunc:    func(obj any) { c.csiNodeChanged(nil, obj) },
+			UpdateFunc: c.csiNodeChanged,
+		})
+	}
+	if err != nil {
+		for _, r := range regs {
+			_ = r.inf.RemoveEventHandler(r.reg)
+		}
+		return nil, err
+	}
+	return regs, nil
+}
+
+// removeHandlers removes handlers added by addEventHandlers.
+func removeHandlers(logger klog.Logger, regs []handler) {
+	for _, r := range regs {
+		if err := r.inf.RemoveEventHandler(r.reg); err != nil {
+			logger.V(4).Info("Could not remove an event handler", "err", err.Error())
+		}
+	}
 }
 
 func (c *Controller) vaAdded(obj any) {
@@ -108,16 +102,16 @@ func (c *Controller) vaUpdated(oldObj, newObj any) {
 // enqueueVA queues a VolumeAttachment of this driver: on the detach queue
 // when it is being deleted, else on the attach queue.
 func (c *Controller) enqueueVA(va *storagev1.VolumeAttachment) {
-	if va.Spec.Attacher != c.cfg.DriverName {
+	if !c.ours(va) {
 		return
 	}
 	if va.DeletionTimestamp != nil {
 		c.pending.add(va.Name, opDetach)
-		c.detachQ.q.Add(va.Name)
+		c.detachQ.Q.Add(va.Name)
 		return
 	}
 	c.pending.add(va.Name, opAttach)
-	c.attachQ.q.Add(va.Name)
+	c.attachQ.Q.Add(va.Name)
 }
 
 // shouldEnqueueVAChange tells whether an update of a VolumeAttachment needs
@@ -142,6 +136,12 @@ func shouldEnqueueVAChange(old, va *storagev1.VolumeAttachment) bool {
 	return false
 }
 
+// ours tells whether va is this controller's to handle: of its driver and,
+// with Config.NodeName, of its node.
+func (c *Controller) ours(va *storagev1.VolumeAttachment) bool {
+	return va.Spec.Attacher == c.cfg.DriverName && (c.cfg.NodeName == "" || va.Spec.NodeName == c.cfg.NodeName)
+}
+
 func (c *Controller) vaDeleted(obj any) {
 	if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 		obj = tomb.Obj
@@ -154,7 +154,7 @@ func (c *Controller) vaDeleted(obj any) {
 	c.state.drop(va.Name)
 	// The PV may be waiting for its last VolumeAttachment to go.
 	if pv := va.Spec.Source.PersistentVolumeName; pv != nil {
-		c.pvQ.q.Add(*pv)
+		c.pvQ.Q.Add(*pv)
 	}
 }
 
@@ -165,7 +165,7 @@ func (c *Controller) pvChanged(obj any) {
 	if !ok || pv.DeletionTimestamp == nil || !slices.Contains(pv.Finalizers, c.finalizer) {
 		return
 	}
-	c.pvQ.q.Add(pv.Name)
+	c.pvQ.Q.Add(pv.Name)
 }
 
 // csiNodeChanged wakes the VolumeAttachments of a node that are not attached

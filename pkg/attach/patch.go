@@ -2,7 +2,6 @@ package attach
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"maps"
 	"slices"
@@ -13,61 +12,12 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
+
+	"github.com/loopvol/loopvol/internal/kube"
 )
 
 // Every write is a patch built by hand from the fields that change: no
 // full-object marshalling, no update of fields the controller does not own.
-
-// jsonPatchOp is one RFC 6902 operation. Value is raw so that a test for
-// null can be written.
-type jsonPatchOp struct {
-	Op    string          `json:"op"`
-	Path  string          `json:"path"`
-	Value json.RawMessage `json:"value,omitempty"`
-}
-
-func mustJSON(v any) json.RawMessage {
-	b, err := json.Marshal(v)
-	if err != nil {
-		panic(fmt.Sprintf("marshal %T: %v", v, err)) // only plain strings, maps and slices get here
-	}
-	return b
-}
-
-// addFinalizerPatch adds finalizer to an object whose finalizers are
-// current, as a JSON patch that first tests current: when the object
-// changed since it was read (a stale cache), the patch fails instead of
-// dropping or restoring someone else's finalizer.
-func addFinalizerPatch(current []string, finalizer string) []byte {
-	var ops []jsonPatchOp
-	if len(current) == 0 {
-		ops = []jsonPatchOp{
-			{Op: "test", Path: "/metadata/finalizers", Value: json.RawMessage("null")},
-			{Op: "add", Path: "/metadata/finalizers", Value: mustJSON([]string{finalizer})},
-		}
-	} else {
-		ops = []jsonPatchOp{
-			{Op: "test", Path: "/metadata/finalizers", Value: mustJSON(current)},
-			{Op: "add", Path: "/metadata/finalizers/-", Value: mustJSON(finalizer)},
-		}
-	}
-	return mustJSON(ops)
-}
-
-// removeFinalizerPatch removes finalizer from an object whose finalizers are
-// current, by index after a test that the index still holds it. It returns
-// nil when finalizer is not in current.
-func removeFinalizerPatch(current []string, finalizer string) []byte {
-	i := slices.Index(current, finalizer)
-	if i < 0 {
-		return nil
-	}
-	path := fmt.Sprintf("/metadata/finalizers/%d", i)
-	return mustJSON([]jsonPatchOp{
-		{Op: "test", Path: path, Value: mustJSON(finalizer)},
-		{Op: "remove", Path: path},
-	})
-}
 
 // vaMetadataPatch is the merge patch that gives va the finalizer and the
 // node-ID annotation, or nil when it has both. It carries va's
@@ -90,14 +40,14 @@ func vaMetadataPatch(va *storagev1.VolumeAttachment, finalizer, nodeID string) [
 		return nil
 	}
 	m.ResourceVersion = va.ResourceVersion
-	return mustJSON(map[string]metadata{"metadata": m})
+	return kube.MustJSON(map[string]metadata{"metadata": m})
 }
 
 // statusPatch is a merge patch of a VolumeAttachment's status. A key with a
 // nil value is written as null (the field is cleared); absent keys stay.
 type statusPatch map[string]any
 
-func (p statusPatch) bytes() []byte { return mustJSON(map[string]statusPatch{"status": p}) }
+func (p statusPatch) bytes() []byte { return kube.MustJSON(map[string]statusPatch{"status": p}) }
 
 // metadataPatchValue is the merge-patch value that turns the attachment
 // metadata old into new: new's entries, null for keys only old has, null
@@ -189,7 +139,7 @@ func (c *Controller) ensureVAMetadata(ctx context.Context, va *storagev1.VolumeA
 // deleting object once its last finalizer goes).
 func (c *Controller) removeVAFinalizer(ctx context.Context, va *storagev1.VolumeAttachment) (*storagev1.VolumeAttachment, error) {
 	for try := 0; ; try++ {
-		data := removeFinalizerPatch(va.Finalizers, c.finalizer)
+		data := kube.RemoveFinalizerPatch(va.Finalizers, c.finalizer)
 		if data == nil {
 			return va, nil
 		}
@@ -228,7 +178,7 @@ func (c *Controller) ensurePVFinalizer(ctx context.Context, pv *corev1.Persisten
 		if pv.DeletionTimestamp != nil {
 			return permanent(fmt.Errorf("PersistentVolume %q is marked for deletion", pv.Name))
 		}
-		data := addFinalizerPatch(pv.Finalizers, c.finalizer)
+		data := kube.AddFinalizerPatch(pv.Finalizers, c.finalizer)
 		_, err := c.client.CoreV1().PersistentVolumes().Patch(ctx, pv.Name, types.JSONPatchType, data, metav1.PatchOptions{})
 		if err == nil {
 			klog.FromContext(ctx).V(4).Info("Added finalizer to PersistentVolume", "persistentVolume", klog.KObj(pv))
@@ -249,7 +199,7 @@ func (c *Controller) ensurePVFinalizer(ctx context.Context, pv *corev1.Persisten
 // retrying once when the test op fails on a stale copy.
 func (c *Controller) removePVFinalizer(ctx context.Context, pv *corev1.PersistentVolume) error {
 	for try := 0; ; try++ {
-		data := removeFinalizerPatch(pv.Finalizers, c.finalizer)
+		data := kube.RemoveFinalizerPatch(pv.Finalizers, c.finalizer)
 		if data == nil {
 			return nil
 		}

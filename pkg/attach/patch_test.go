@@ -13,25 +13,6 @@ func TestPatchBuilders(t *testing.T) {
 		want string // "" for no patch
 	}{
 		{
-			name: "add to no finalizers: test for null, then add the list",
-			got:  addFinalizerPatch(nil, "f"),
-			want: `[{"op":"test","path":"/metadata/finalizers","value":null},{"op":"add","path":"/metadata/finalizers","value":["f"]}]`,
-		},
-		{
-			name: "add to some: test the whole list, then append",
-			got:  addFinalizerPatch([]string{"a", "b"}, "f"),
-			want: `[{"op":"test","path":"/metadata/finalizers","value":["a","b"]},{"op":"add","path":"/metadata/finalizers/-","value":"f"}]`,
-		},
-		{
-			name: "remove: test the index, then remove it",
-			got:  removeFinalizerPatch([]string{"a", "f", "b"}, "f"),
-			want: `[{"op":"test","path":"/metadata/finalizers/1","value":"f"},{"op":"remove","path":"/metadata/finalizers/1"}]`,
-		},
-		{
-			name: "remove an absent finalizer → no patch",
-			got:  removeFinalizerPatch([]string{"a"}, "f"),
-		},
-		{
 			name: "VA metadata: finalizer and annotation with the resourceVersion precondition",
 			got:  vaMetadataPatch(vaObj("va", "pv", withRV("42"), withFinalizers("other")), "f", "id"),
 			want: `{"metadata":{"resourceVersion":"42","finalizers":["other","f"],"annotations":{"` + nodeIDAnn + `":"id"}}}`,

@@ -106,7 +106,7 @@ func TestReconcile(t *testing.T) {
 			}
 			f.clock.Step(time.Second) // the pass starts after the setup's writes
 			f.c.reconcile(f.ctx)
-			if got := f.c.attachQ.q.Len() == 1; got != tc.wantQueue {
+			if got := f.c.attachQ.Q.Len() == 1; got != tc.wantQueue {
 				t.Fatalf("va1 queued = %v, want %v", got, tc.wantQueue)
 			}
 			if _, forced := f.c.state.forced("va1"); forced != tc.wantQueue {

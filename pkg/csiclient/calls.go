@@ -67,3 +67,40 @@ func (c *Client) ListVolumes(ctx context.Context) (map[string][]string, error) {
 		seen[token] = true
 	}
 }
+
+// GetCapacity calls GetCapacity, bounded by Config.Timeout. An error keeps
+// its gRPC status.
+func (c *Client) GetCapacity(ctx context.Context, req *csi.GetCapacityRequest) (*csi.GetCapacityResponse, error) {
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
+	defer cancel()
+	rsp, err := c.controller.GetCapacity(ctx, req)
+	if err != nil {
+		return nil, fmt.Errorf("GetCapacity: %w", err)
+	}
+	return rsp, nil
+}
+
+// ControllerExpandVolume calls ControllerExpandVolume, bounded by
+// Config.Timeout. An error keeps its gRPC status. The request's secrets are
+// never logged.
+func (c *Client) ControllerExpandVolume(ctx context.Context, req *csi.ControllerExpandVolumeRequest) (*csi.ControllerExpandVolumeResponse, error) {
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
+	defer cancel()
+	rsp, err := c.controller.ControllerExpandVolume(ctx, req)
+	if err != nil {
+		return nil, fmt.Errorf("ControllerExpandVolume: %w", err)
+	}
+	return rsp, nil
+}
+
+// NodeGetInfo calls the node service's NodeGetInfo, bounded by
+// Config.Timeout: the node ID, its topology and its volume limit.
+func (c *Client) NodeGetInfo(ctx context.Context) (*csi.NodeGetInfoResponse, error) {
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
+	defer cancel()
+	rsp, err := c.node.NodeGetInfo(ctx, &csi.NodeGetInfoRequest{})
+	if err != nil {
+		return nil, fmt.Errorf("NodeGetInfo: %w", err)
+	}
+	return rsp, nil
+}

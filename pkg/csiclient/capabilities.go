@@ -29,6 +29,18 @@ type Capabilities struct {
 	// SingleNodeMultiWriter: SINGLE_NODE_MULTI_WRITER, which decides how
 	// ReadWriteOnce and ReadWriteOncePod map to CSI access modes.
 	SingleNodeMultiWriter bool `json:"singleNodeMultiWriter"`
+	// GetCapacity: GET_CAPACITY.
+	GetCapacity bool `json:"getCapacity"`
+	// ExpandVolume: the controller's EXPAND_VOLUME (ControllerExpandVolume).
+	ExpandVolume bool `json:"expandVolume"`
+	// Topology: the plugin's VOLUME_ACCESSIBILITY_CONSTRAINTS; volumes are
+	// reachable only from some topology segments.
+	Topology bool `json:"topology"`
+	// OnlineExpansion and OfflineExpansion: the plugin's VolumeExpansion
+	// capability; whether a volume can grow while published, or only when
+	// it is not.
+	OnlineExpansion  bool `json:"onlineExpansion"`
+	OfflineExpansion bool `json:"offlineExpansion"`
 }
 
 // CanListPublished reports whether ListVolumes tells on which nodes each
@@ -56,13 +68,28 @@ func (c *Client) probeOnce(ctx context.Context) (string, Capabilities, error) {
 	if err != nil {
 		return "", caps, fmt.Errorf("GetPluginInfo: %w", err)
 	}
-	plugin, err := withTimeout(ctx, c.cfg.ProbeTimeout, func(ctx context.Context) (rpc.PluginCapabilitySet, error) {
-		return rpc.GetPluginCapabilities(ctx, c.conn)
+	// Asked directly rather than through csi-lib-utils' rpc helper, which
+	// keeps only the service capabilities and drops VolumeExpansion.
+	plugin, err := withTimeout(ctx, c.cfg.ProbeTimeout, func(ctx context.Context) (*csi.GetPluginCapabilitiesResponse, error) {
+		return csi.NewIdentityClient(c.conn).GetPluginCapabilities(ctx, &csi.GetPluginCapabilitiesRequest{})
 	})
 	if err != nil {
 		return "", caps, fmt.Errorf("GetPluginCapabilities: %w", err)
 	}
-	caps.ControllerService = plugin[csi.PluginCapability_Service_CONTROLLER_SERVICE]
+	for _, pc := range plugin.GetCapabilities() {
+		switch pc.GetService().GetType() {
+		case csi.PluginCapability_Service_CONTROLLER_SERVICE:
+			caps.ControllerService = true
+		case csi.PluginCapability_Service_VOLUME_ACCESSIBILITY_CONSTRAINTS:
+			caps.Topology = true
+		}
+		switch pc.GetVolumeExpansion().GetType() {
+		case csi.PluginCapability_VolumeExpansion_ONLINE:
+			caps.OnlineExpansion = true
+		case csi.PluginCapability_VolumeExpansion_OFFLINE:
+			caps.OfflineExpansion = true
+		}
+	}
 	if !caps.ControllerService {
 		return name, caps, nil
 	}
@@ -77,6 +104,8 @@ func (c *Client) probeOnce(ctx context.Context) (string, Capabilities, error) {
 	caps.ListVolumes = ctrl[csi.ControllerServiceCapability_RPC_LIST_VOLUMES]
 	caps.ListVolumesPublishedNodes = ctrl[csi.ControllerServiceCapability_RPC_LIST_VOLUMES_PUBLISHED_NODES]
 	caps.SingleNodeMultiWriter = ctrl[csi.ControllerServiceCapability_RPC_SINGLE_NODE_MULTI_WRITER]
+	caps.GetCapacity = ctrl[csi.ControllerServiceCapability_RPC_GET_CAPACITY]
+	caps.ExpandVolume = ctrl[csi.ControllerServiceCapability_RPC_EXPAND_VOLUME]
 	return name, caps, nil
 }
 

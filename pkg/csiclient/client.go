@@ -65,6 +65,7 @@ type Client struct {
 	cfg        Config
 	conn       *grpc.ClientConn
 	controller csi.ControllerClient
+	node       csi.NodeClient
 	name       string
 
 	mu      sync.Mutex
@@ -118,6 +119,7 @@ func Connect(ctx context.Context, cfg Config) (*Client, error) {
 	}
 	c.conn = conn
 	c.controller = csi.NewControllerClient(conn)
+	c.node = csi.NewNodeClient(conn)
 
 	name, caps, err := c.probeUntilReady(ctx)
 	if err != nil {

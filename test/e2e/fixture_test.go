@@ -82,7 +82,10 @@ type rig struct {
 	id         string
 	dir        string
 	pool       string
-	kubeconfig string
+	kubeconfig string // the administrator's
+	// attacherKubeconfig is a user with the attacher's RBAC, made on
+	// first use.
+	attacherKubeconfig string
 
 	driver        *driverproc.Driver
 	driverArgs    []string
@@ -197,18 +200,42 @@ type attacher struct {
 
 // startAttacher starts an attacher for the rig's driver, with diagnostics on
 // a fresh port, -v=4, and a 2 s reconcile; args add to or override these.
-// Starting one under a name used before appends to that one's log.
+// It runs as a user that holds only the attacher's shipped RBAC
+// (deploy/kubernetes/base/rbac-attacher.yaml), and the test fails if its
+// log shows a request the API server refused as forbidden. Starting one
+// under a name used before appends to that one's log.
 func (r *rig) startAttacher(name string, args ...string) *attacher {
+	r.t.Helper()
+	if r.attacherKubeconfig == "" {
+		r.attacherKubeconfig = r.restrictedKubeconfig("loopvol-attacher-"+r.id, metav1.NamespaceDefault, "rbac-attacher.yaml")
+	}
+	return r.startSidecar(name, r.attacherKubeconfig, args...)
+}
+
+// startSidecar starts cmd/attacher with kubeconfig, diagnostics on a fresh
+// port, -v=4 and a 2 s reconcile; args add to or override these. The test
+// fails if the log shows a request refused as forbidden: the kubeconfig
+// holds the RBAC the deployment ships, and that must be enough.
+func (r *rig) startSidecar(name, kubeconfig string, args ...string) *attacher {
 	r.t.Helper()
 	addr := attacherproc.FreeAddress(r.t)
 	all := append([]string{
-		"--kubeconfig=" + r.kubeconfig,
+		"--kubeconfig=" + kubeconfig,
 		"--csi-address=" + r.driver.Endpoint,
 		"--http-endpoint=" + addr,
 		"--reconcile-sync=2s",
 		"--v=4",
 	}, args...)
 	a := attacherproc.Start(r.t, r.dir, name, all...)
+	r.t.Cleanup(func() {
+		_ = a.Stop() // before the stop attacherproc.Start registered: cleanups run last-in first-out
+		for line := range strings.Lines(a.Log()) {
+			if strings.Contains(line, "forbidden") {
+				r.t.Errorf("%s: the API server refused a request as forbidden (the shipped RBAC is short):\n%s", name, line)
+				return
+			}
+		}
+	})
 	return &attacher{Attacher: a, metrics: "http://" + addr + "/metrics", healthz: "http://" + addr + "/healthz"}
 }
 

@@ -1,0 +1,236 @@
+package kube
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/tools/cache"
+)
+
+// PVFields says which parts of a PersistentVolume a consumer of the shared
+// PersistentVolume cache reads. The cache keeps the union of what its
+// consumers asked for and drops the rest: with thousands of volumes the PV
+// cache is most of the sidecar's memory.
+type PVFields uint
+
+const (
+	// PVAttach: finalizers, deletion state, access modes, volume mode,
+	// mount options and the CSI source.
+	PVAttach PVFields = 1 << iota
+	// PVCapacity: the CSI source, storage class, capacity and node
+	// affinity (which topology segment a volume uses).
+	PVCapacity
+	// PVResize: the CSI source, capacity, storage class, claim reference,
+	// access modes, volume mode, phase and annotations.
+	PVResize
+)
+
+// Informers builds each shared informer once per process and hands the same
+// one to every controller that asks for it. Ask for every informer before
+// Start; an informer asked for after Start is started by the next Start.
+// The informers are made here rather than by a client-go
+// SharedInformerFactory: the factory links an informer for every API type,
+// a third of the binary.
+type Informers struct {
+	client Client
+	resync time.Duration
+
+	mu       sync.Mutex
+	pvFields PVFields
+	frozen   bool // the PV transform's field set can no longer grow
+	byName   map[string]*entry
+}
+
+type entry struct {
+	inf     cache.SharedIndexInformer
+	started bool
+}
+
+// NewInformers returns an empty set of informers over client, with resync as
+// every informer's resync period (zero: none).
+func NewInformers(client Client, resync time.Duration) *Informers {
+	return &Informers{client: client, resync: resync, byName: map[string]*entry{}}
+}
+
+// Client is the client the informers list and watch with.
+func (f *Informers) Client() Client { return f.client }
+
+// get returns the informer named name, making it with mk the first time.
+func (f *Informers) get(name string, mk func() cache.SharedIndexInformer) cache.SharedIndexInformer {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if e, ok := f.byName[name]; ok {
+		return e.inf
+	}
+	inf := mk()
+	f.byName[name] = &entry{inf: inf}
+	return inf
+}
+
+// VolumeAttachments is the informer over every VolumeAttachment.
+func (f *Informers) VolumeAttachments() cache.SharedIndexInformer {
+	st := f.client.StorageV1()
+	return f.get("volumeattachments", func() cache.SharedIndexInformer {
+		return f.newInformer(&storagev1.VolumeAttachment{}, StripForCache,
+			func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+				return st.VolumeAttachments().List(ctx, o)
+			},
+			func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+				return st.VolumeAttachments().Watch(ctx, o)
+			})
+	})
+}
+
+// PersistentVolumes is the informer over every PersistentVolume, keeping at
+// least fields of each (and what other consumers asked for). It panics when
+// fields asks for more than the cache keeps after Start: that is a wiring
+// bug, and objects cached before would lack the fields.
+func (f *Informers) PersistentVolumes(fields PVFields) cache.SharedIndexInformer {
+	f.mu.Lock()
+	if f.frozen && f.pvFields|fields != f.pvFields {
+		f.mu.Unlock()
+		panic(fmt.Sprintf("kube: PersistentVolume fields %b asked for after Start (cache keeps %b)", fields, f.pvFields))
+	}
+	f.pvFields |= fields
+	f.mu.Unlock()
+	core := f.client.CoreV1()
+	return f.get("persistentvolumes", func() cache.SharedIndexInformer {
+		return f.newInformer(&corev1.PersistentVolume{}, f.stripPV,
+			func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+				return core.PersistentVolumes().List(ctx, o)
+			},
+			func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+				return core.PersistentVolumes().Watch(ctx, o)
+			})
+	})
+}
+
+// CSINodes is the informer over every CSINode.
+func (f *Informers) CSINodes() cache.SharedIndexInformer {
+	st := f.client.StorageV1()
+	return f.get("csinodes", func() cache.SharedIndexInformer {
+		return f.newInformer(&storagev1.CSINode{}, StripForCache,
+			func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+				return st.CSINodes().List(ctx, o)
+			},
+			func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+				return st.CSINodes().Watch(ctx, o)
+			})
+	})
+}
+
+// Nodes is the informer over every Node, with only their metadata (name,
+// UID, labels) cached: a Node's status (images, conditions) is many times
+// the size of what the sidecar reads.
+func (f *Informers) Nodes() cache.SharedIndexInformer {
+	core := f.client.CoreV1()
+	return f.get("nodes", func() cache.SharedIndexInformer {
+		return f.newInformer(&corev1.Node{}, stripNode,
+			func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+				return core.Nodes().List(ctx, o)
+			},
+			func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+				return core.Nodes().Watch(ctx, o)
+			})
+	})
+}
+
+// StorageClasses is the informer over every StorageClass.
+func (f *Informers) StorageClasses() cache.SharedIndexInformer {
+	st := f.client.StorageV1()
+	return f.get("storageclasses", func() cache.SharedIndexInformer {
+		return f.newInformer(&storagev1.StorageClass{}, StripForCache,
+			func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+				return st.StorageClasses().List(ctx, o)
+			},
+			func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+				return st.StorageClasses().Watch(ctx, o)
+			})
+	})
+}
+
+// PersistentVolumeClaims is the informer over the PersistentVolumeClaims of
+// every namespace.
+func (f *Informers) PersistentVolumeClaims() cache.SharedIndexInformer {
+	core := f.client.CoreV1()
+	return f.get("persistentvolumeclaims", func() cache.SharedIndexInformer {
+		return f.newInformer(&corev1.PersistentVolumeClaim{}, StripForCache,
+			func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+				return core.PersistentVolumeClaims(metav1.NamespaceAll).List(ctx, o)
+			},
+			func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+				return core.PersistentVolumeClaims(metav1.NamespaceAll).Watch(ctx, o)
+			})
+	})
+}
+
+// CSIStorageCapacities is the informer over the CSIStorageCapacity objects
+// in namespace that match selector (the capacity controller's own).
+func (f *Informers) CSIStorageCapacities(namespace string, selector labels.Selector) cache.SharedIndexInformer {
+	st := f.client.StorageV1()
+	sel := selector.String()
+	return f.get("csistoragecapacities/"+namespace+"/"+sel, func() cache.SharedIndexInformer {
+		return f.newInformer(&storagev1.CSIStorageCapacity{}, StripForCache,
+			func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+				o.LabelSelector = sel
+				return st.CSIStorageCapacities(namespace).List(ctx, o)
+			},
+			func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+				o.LabelSelector = sel
+				return st.CSIStorageCapacities(namespace).Watch(ctx, o)
+			})
+	})
+}
+
+// newInformer is a shared informer over one resource, with streaming lists
+// where the client supports them, and transform applied to every object
+// before it is cached.
+func (f *Informers) newInformer(example runtime.Object, transform cache.TransformFunc,
+	list cache.ListWithContextFunc, watchFunc cache.WatchFuncWithContext) cache.SharedIndexInformer {
+	lw := cache.ToListWatcherWithWatchListSemantics(&cache.ListWatch{ListWithContextFunc: list, WatchFuncWithContext: watchFunc}, f.client)
+	inf := cache.NewSharedIndexInformerWithOptions(lw, example, cache.SharedIndexInformerOptions{ResyncPeriod: f.resync, Indexers: cache.Indexers{}})
+	_ = inf.SetTransform(transform) // fails only once the informer runs
+	return inf
+}
+
+// Start runs every informer made so far that is not running yet, until ctx
+// ends. Start may be called again for informers made later; each runs once.
+// It returns at once; WaitForCacheSync waits for the caches.
+func (f *Informers) Start(ctx context.Context) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.frozen = true
+	for _, e := range f.byName {
+		if !e.started {
+			e.started = true
+			go e.inf.RunWithContext(ctx)
+		}
+	}
+}
+
+// WaitForCacheSync waits until every informer made so far has synced, or
+// ctx ends (false).
+func (f *Informers) WaitForCacheSync(ctx context.Context) bool {
+	f.mu.Lock()
+	var synced []cache.InformerSynced
+	for _, e := range f.byName {
+		synced = append(synced, e.inf.HasSynced)
+	}
+	f.mu.Unlock()
+	return cache.WaitForNamedCacheSyncWithContext(ctx, synced...)
+}
+
+func (f *Informers) stripPV(obj any) (any, error) {
+	f.mu.Lock()
+	fields := f.pvFields
+	f.mu.Unlock()
+	return StripPV(obj, fields)
+}

@@ -1,0 +1,61 @@
+package kube
+
+import (
+	"context"
+	"time"
+
+	"k8s.io/client-go/util/workqueue"
+	"k8s.io/klog/v2"
+)
+
+// Queue is one named, rate-limited work queue. Its name is what the
+// workqueue metrics report. The controller's worker loop owns it: Handle is
+// the one place that forgets an item's backoff or queues it again.
+type Queue[T comparable] struct {
+	// Name is the queue's name in the workqueue metrics and the logs.
+	Name string
+	// Q is the queue itself: event handlers Add to it, workers Get and Done.
+	Q workqueue.TypedRateLimitingInterface[T]
+	rl workqueue.TypedRateLimiter[T]
+	// finalFloor is the shortest wait after a final error.
+	finalFloor time.Duration
+}
+
+// NewQueue makes a queue whose items back off exponentially from start to
+// max after each failure. A final error (one that fails the same way until
+// something changes) waits at least 32 × start, at most max: it stays off
+// the hot path, and a change of the object queues it earlier anyway.
+func NewQueue[T comparable](name string, start, max time.Duration) *Queue[T] {
+	rl := workqueue.NewTypedItemExponentialFailureRateLimiter[T](start, max)
+	return &Queue[T]{
+		Name:       name,
+		rl:         rl,
+		Q:          workqueue.NewTypedRateLimitingQueueWithConfig(rl, workqueue.TypedRateLimitingQueueConfig[T]{Name: name}),
+		finalFloor: min(32*start, max),
+	}
+}
+
+// Handle ends one sync of key: it forgets key's backoff after a success,
+// and after a failure queues key again after its backoff, or after at least
+// the final-error floor when final. It returns the delay (zero after a
+// success). It does not call Done.
+func (q *Queue[T]) Handle(ctx context.Context, key T, err error, final bool) time.Duration {
+	if err == nil {
+		q.Q.Forget(key)
+		return 0
+	}
+	delay := q.rl.When(key)
+	if final {
+		delay = max(delay, q.finalFloor)
+	}
+	q.Q.AddAfter(key, delay)
+	klog.FromContext(ctx).Error(err, "Sync failed, will retry", "queue", q.Name, "key", key,
+		"final", final, "retryAfter", delay, "failures", q.rl.NumRequeues(key))
+	return delay
+}
+
+// Failures is how many times key has failed since its last success.
+func (q *Queue[T]) Failures(key T) int { return q.rl.NumRequeues(key) }
+
+// ShutDown stops the queue; workers in Get return.
+func (q *Queue[T]) ShutDown() { q.Q.ShutDown() }
