@@ -30,6 +30,7 @@ type leaderConfig struct {
 	leaseDuration time.Duration
 	renewDeadline time.Duration
 	retryPeriod   time.Duration
+	labels        map[string]string              // put on the Lease while this replica holds it
 	health        *leaderelection.HealthzAdaptor // may be nil
 }
 
@@ -64,6 +65,7 @@ func newLeaderConfig(cfg *config, rc *rest.Config, name string, health *leaderel
 		leaseDuration: cfg.leaderElectionLeaseDuration,
 		renewDeadline: cfg.leaderElectionRenewDeadline,
 		retryPeriod:   cfg.leaderElectionRetryPeriod,
+		labels:        cfg.compat.leaderElectionLabels,
 		health:        health,
 	}, nil
 }
@@ -80,6 +82,7 @@ func runWithLeaderElection(ctx context.Context, le leaderConfig, run func(contex
 		LeaseMeta:  metav1.ObjectMeta{Namespace: ns, Name: lockName},
 		Client:     le.leases,
 		LockConfig: resourcelock.ResourceLockConfig{Identity: id},
+		Labels:     le.labels,
 	}
 
 	// leCtx is the election's; it ends after the controllers have stopped.

@@ -1,7 +1,11 @@
-// Command attacher is loopvol's CSI sidecar. It can replace the upstream
-// external-attacher (--controllers=attach); the flag names, finalizers,
+// Command attacher is loopvol's CSI sidecar. One binary replaces four
+// upstream sidecars: external-attacher (--controllers=attach), the capacity
+// controller of external-provisioner (capacity), node-driver-registrar
+// (registrar) and external-resizer (resizer). Flag names, finalizers,
 // annotations, Lease and metric names are the upstream ones, so a cluster
-// can switch between the two in either direction.
+// can switch between upstream's and ours in either direction; several
+// controllers may run in one process, each with its own queues, workers,
+// metrics and Lease.
 //
 // main only parses flags into a config, validates it and calls run; run
 // wires the Kubernetes client, the CSI driver connection, the HTTP endpoint
@@ -33,18 +37,15 @@ import (
 // version is set at build time (-ldflags "-X main.version=...").
 var version = "unknown"
 
-// Known controllers. Only attach is implemented so far; the others are named
-// so that asking for them gives a precise error.
+// The controllers --controllers chooses from.
 const (
 	controllerAttach    = "attach"
 	controllerCapacity  = "capacity"
 	controllerRegistrar = "registrar"
+	controllerResizer   = "resizer"
 )
 
-var (
-	implementedControllers = []string{controllerAttach}
-	plannedControllers     = []string{controllerCapacity, controllerRegistrar}
-)
+var knownControllers = []string{controllerAttach, controllerCapacity, controllerRegistrar, controllerResizer}
 
 // config holds every flag.
 type config struct {
@@ -74,6 +75,20 @@ type config struct {
 	enablePprof  bool
 	showVersion  bool
 
+	// nodeDeployment: one sidecar per node, next to a driver that serves
+	// only that node's pools; nodeName is the node.
+	nodeDeployment bool
+	nodeName       string
+
+	// Per-controller flags.
+	capacity  capacityConfig
+	registrar registrarConfig
+	resizer   resizerConfig
+
+	// Flags of the upstream sidecars, accepted so that their manifests run
+	// unchanged (compat.go).
+	compat compatFlags
+
 	logging *logsapi.LoggingConfiguration
 }
 
@@ -84,7 +99,7 @@ func main() {
 // mainWithCode runs the command and returns its exit code: 0 after a clean
 // stop, 1 when it failed, 2 for a bad command line.
 func mainWithCode(args []string, stdout, stderr io.Writer) int {
-	cfg, err := parseFlags(args, stdout)
+	cfg, err := parseFlags(args, stdout, os.Getenv)
 	switch {
 	case errors.Is(err, flag.ErrHelp):
 		return 0
@@ -94,6 +109,11 @@ func mainWithCode(args []string, stdout, stderr io.Writer) int {
 	}
 	if cfg.showVersion {
 		fmt.Fprintln(stdout, "attacher", version)
+		return 0
+	}
+	if cfg.compat.registrationProbe() {
+		// node-driver-registrar's deprecated liveness probe mode: its
+		// manifests still run it; it only ever exited 0.
 		return 0
 	}
 
@@ -137,50 +157,15 @@ func signalContext(parent context.Context) context.Context {
 	return ctx
 }
 
-// parseFlags reads args into a config and validates it. It returns
-// flag.ErrHelp after printing the help for -h; any other error is a bad
-// command line.
-func parseFlags(args []string, output io.Writer) (*config, error) {
+// parseFlags reads args into a config and validates it; getenv supplies
+// the environment defaults (NODE_NAME). It returns flag.ErrHelp after
+// printing the help for -h; any other error is a bad command line.
+func parseFlags(args []string, output io.Writer, getenv func(string) string) (*config, error) {
 	cfg := &config{logging: logsapi.NewLoggingConfiguration()}
-	fs := flag.NewFlagSet("attacher", flag.ContinueOnError)
-	// The flag package would print the whole help after any mistake; the
-	// caller prints the error alone, the help only for -h.
-	fs.SetOutput(io.Discard)
-	controllers := controllerAttach
-
-	fs.StringVar(&cfg.csiAddress, "csi-address", "/run/csi/socket", "Address of the CSI driver socket (a path or unix:// URL). The attacher waits for it to appear, and waits again if it goes away, instead of exiting.")
-	fs.StringVar(&cfg.kubeconfig, "kubeconfig", "", "Path to a kubeconfig file. Needed only outside a cluster; empty means the in-cluster service account.")
-	fs.StringVar(&controllers, "controllers", controllers, "Comma-separated controllers to run. Implemented: "+strings.Join(implementedControllers, ", ")+".")
-	fs.UintVar(&cfg.workerThreads, "worker-threads", 32,
-		"Workers of the attach queue and, separately, of the detach queue, so a burst of detaches never starves attaches (the PersistentVolume queue gets a quarter). "+
-			"32 (upstream: 10) keeps 32 slow ControllerPublish calls in flight at once; the API rate limit below, not the workers, is then what bounds throughput.")
-	fs.Float64Var(&cfg.kubeAPIQPS, "kube-api-qps", 150,
-		"Sustained rate of requests to the API server. An attach costs 3 writes (PV finalizer, VolumeAttachment finalizer and node ID, status) and a detach 1, so 150 (upstream: 5) "+
-			"sustains about 50 attaches/s; that is a fraction of what one API server handles, and API Priority and Fairness queues this client's requests behind the control plane's.")
-	fs.IntVar(&cfg.kubeAPIBurst, "kube-api-burst", 300, "Burst of requests to the API server above --kube-api-qps (upstream: 10). 300 lets about 100 attaches start at once after a quiet period.")
-	fs.DurationVar(&cfg.timeout, "timeout", 15*time.Second, "Timeout of each ControllerPublishVolume and ControllerUnpublishVolume call, and of a whole ListVolumes reconcile pass.")
-	fs.DurationVar(&cfg.retryIntervalStart, "retry-interval-start", time.Second, "Initial retry interval of a failed attach or detach. It doubles with each failure of the same object, up to --retry-interval-max. Final gRPC errors wait at least 32 times this (at most --retry-interval-max).")
-	fs.DurationVar(&cfg.retryIntervalMax, "retry-interval-max", 5*time.Minute, "Maximum retry interval of a failed attach or detach.")
-	fs.DurationVar(&cfg.resync, "resync", 10*time.Minute, "Resync period of the informers: every object is checked again this often. 0 disables it.")
-	fs.DurationVar(&cfg.reconcileSync, "reconcile-sync", time.Minute, "Period of the reconcile that compares the driver's ListVolumes published nodes with the VolumeAttachments and repairs those that disagree (drivers with LIST_VOLUMES_PUBLISHED_NODES). 0 disables it.")
-	fs.IntVar(&cfg.maxEntries, "max-entries", 256, "Page size of the ListVolumes calls of the reconcile; 0 lets the driver choose (upstream's default). "+
-		"Pages of 256 (a few tens of kB each) keep the reconcile's memory flat however many volumes the driver has.")
-	fs.StringVar(&cfg.defaultFSType, "default-fstype", "", "Filesystem type of mount volumes whose PersistentVolume names none. Empty leaves it to the driver.")
-	fs.IntVar(&cfg.maxGRPCLogLength, "max-grpc-log-length", -1, "Longest CSI response logged at -v=5, in characters; 0 or less means no limit.")
-	fs.BoolVar(&cfg.leaderElection, "leader-election", false, "Run the controllers only while holding the Lease external-attacher-leader-<sanitized driver name> (the upstream name), so that only one of several replicas, ours or upstream's, acts.")
-	fs.StringVar(&cfg.leaderElectionNamespace, "leader-election-namespace", "", "Namespace of the leader-election Lease. Empty means $POD_NAMESPACE, else \"default\".")
-	fs.DurationVar(&cfg.leaderElectionLeaseDuration, "leader-election-lease-duration", 15*time.Second, "How long other replicas wait after the leader's last renewal before they take the Lease over.")
-	fs.DurationVar(&cfg.leaderElectionRenewDeadline, "leader-election-renew-deadline", 10*time.Second, "How long the leader keeps trying to renew the Lease before it gives up leading (and exits, to be restarted).")
-	fs.DurationVar(&cfg.leaderElectionRetryPeriod, "leader-election-retry-period", 5*time.Second, "Pause between two attempts to take or renew the Lease.")
-	fs.StringVar(&cfg.httpEndpoint, "http-endpoint", "", "host:port of the HTTP server for diagnostics: Prometheus metrics on --metrics-path, /healthz (fails while the CSI driver is unreachable) and, with leader election, /healthz/leader-election. Empty disables it.")
-	fs.StringVar(&cfg.metricsPath, "metrics-path", "/metrics", "HTTP path of the Prometheus metrics on --http-endpoint.")
-	fs.BoolVar(&cfg.enablePprof, "enable-pprof", false, "Serve Go profiles under /debug/pprof/ on --http-endpoint.")
-	fs.BoolVar(&cfg.showVersion, "version", false, "Print the version and exit.")
-	logsapi.AddGoFlags(cfg.logging, fs)
-
+	fs, controllers := newFlagSet(cfg, getenv)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			fmt.Fprintf(output, "Usage: attacher [flags]\n\nloopvol's CSI sidecar: the external-attacher and more, chosen with --controllers.\n\nFlags:\n")
+			fmt.Fprintf(output, "Usage: attacher [flags]\n\nloopvol's CSI sidecar: external-attacher, the capacity controller of external-provisioner,\nnode-driver-registrar and external-resizer in one binary, chosen with --controllers.\n\nFlags:\n")
 			fs.SetOutput(output)
 			fs.PrintDefaults()
 		}
@@ -189,13 +174,23 @@ func parseFlags(args []string, output io.Writer) (*config, error) {
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments %q (every option is a --flag)", fs.Args())
 	}
-	for name := range strings.SplitSeq(controllers, ",") {
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	// A node-driver-registrar manifest names no controller: its
+	// registration path says what it wants.
+	if !set["controllers"] && set["kubelet-registration-path"] {
+		*controllers = controllerRegistrar
+	}
+	for name := range strings.SplitSeq(*controllers, ",") {
 		if name = strings.TrimSpace(name); name != "" && !slices.Contains(cfg.controllers, name) {
 			cfg.controllers = append(cfg.controllers, name)
 		}
 	}
-	if cfg.showVersion {
+	if cfg.showVersion || cfg.compat.registrationProbe() {
 		return cfg, nil
+	}
+	if err := cfg.compat.apply(cfg, set); err != nil {
+		return nil, err
 	}
 	if err := cfg.validate(); err != nil {
 		return nil, err
@@ -203,18 +198,68 @@ func parseFlags(args []string, output io.Writer) (*config, error) {
 	return cfg, nil
 }
 
+// newFlagSet declares every flag into a new FlagSet bound to cfg. The
+// returned string receives --controllers, still unsplit.
+func newFlagSet(cfg *config, getenv func(string) string) (*flag.FlagSet, *string) {
+	fs := flag.NewFlagSet("attacher", flag.ContinueOnError)
+	// The flag package would print the whole help after any mistake; the
+	// caller prints the error alone, the help only for -h.
+	fs.SetOutput(io.Discard)
+	controllers := controllerAttach
+
+	fs.StringVar(&cfg.csiAddress, "csi-address", "/run/csi/socket", "Address of the CSI driver socket (a path or unix:// URL). The sidecar waits for it to appear, and waits again if it goes away, instead of exiting.")
+	fs.StringVar(&cfg.kubeconfig, "kubeconfig", "", "Path to a kubeconfig file. Needed only outside a cluster; empty means the in-cluster service account.")
+	fs.StringVar(&controllers, "controllers", controllers, "Comma-separated controllers to run: "+strings.Join(knownControllers, ", ")+
+		". attach replaces external-attacher, capacity the CSIStorageCapacity controller of external-provisioner, registrar node-driver-registrar, resizer external-resizer. "+
+		"Default attach, or registrar when --kubelet-registration-path is given (a node-driver-registrar manifest).")
+	fs.UintVar(&cfg.workerThreads, "worker-threads", 32,
+		"Workers of the attach queue and, separately, of the detach queue, so a burst of detaches never starves attaches (the PersistentVolume queue gets a quarter); also the resizer's workers. "+
+			"32 (upstream: 10) keeps 32 slow ControllerPublish calls in flight at once; the API rate limit below, not the workers, is then what bounds throughput.")
+	fs.Float64Var(&cfg.kubeAPIQPS, "kube-api-qps", 150,
+		"Sustained rate of requests to the API server, shared by every controller of the process. An attach costs 3 writes (PV finalizer, VolumeAttachment finalizer and node ID, status) and a detach 1, so 150 (upstream: 5) "+
+			"sustains about 50 attaches/s; that is a fraction of what one API server handles, and API Priority and Fairness queues this client's requests behind the control plane's.")
+	fs.IntVar(&cfg.kubeAPIBurst, "kube-api-burst", 300, "Burst of requests to the API server above --kube-api-qps (upstream: 10). 300 lets about 100 attaches start at once after a quiet period.")
+	fs.DurationVar(&cfg.timeout, "timeout", 15*time.Second, "Timeout of each CSI call (ControllerPublishVolume, ControllerUnpublishVolume, GetCapacity, ControllerExpandVolume, NodeGetInfo), and of a whole ListVolumes reconcile pass.")
+	fs.DurationVar(&cfg.retryIntervalStart, "retry-interval-start", time.Second, "Initial retry interval of a failed attach, detach or resize. It doubles with each failure of the same object, up to --retry-interval-max. Final gRPC errors wait at least 32 times this (at most --retry-interval-max).")
+	fs.DurationVar(&cfg.retryIntervalMax, "retry-interval-max", 5*time.Minute, "Maximum retry interval of a failed attach, detach or resize.")
+	fs.DurationVar(&cfg.resync, "resync", 10*time.Minute, "Resync period of the informers: every object is checked again this often. 0 disables it.")
+	fs.DurationVar(&cfg.reconcileSync, "reconcile-sync", time.Minute, "Period of the reconcile that compares the driver's ListVolumes published nodes with the VolumeAttachments and repairs those that disagree (drivers with LIST_VOLUMES_PUBLISHED_NODES). 0 disables it.")
+	fs.IntVar(&cfg.maxEntries, "max-entries", 256, "Page size of the ListVolumes calls of the reconcile; 0 lets the driver choose (upstream's default). "+
+		"Pages of 256 (a few tens of kB each) keep the reconcile's memory flat however many volumes the driver has.")
+	fs.StringVar(&cfg.defaultFSType, "default-fstype", "", "Filesystem type of mount volumes whose PersistentVolume names none. Empty leaves it to the driver.")
+	fs.IntVar(&cfg.maxGRPCLogLength, "max-grpc-log-length", -1, "Longest CSI response logged at -v=5, in characters; 0 or less means no limit.")
+	fs.BoolVar(&cfg.leaderElection, "leader-election", false, "Run each controller only while holding its Lease, named as the upstream sidecar it replaces names it (attach: external-attacher-leader-<sanitized driver name>, resizer: external-resizer-<sanitized driver name>), "+
+		"so that only one of several replicas, ours or upstream's, acts. The registrar never needs one. With --node-deployment the Lease name ends in the node name.")
+	fs.StringVar(&cfg.leaderElectionNamespace, "leader-election-namespace", "", "Namespace of the leader-election Leases. Empty means $POD_NAMESPACE, else \"default\".")
+	fs.DurationVar(&cfg.leaderElectionLeaseDuration, "leader-election-lease-duration", 15*time.Second, "How long other replicas wait after the leader's last renewal before they take the Lease over.")
+	fs.DurationVar(&cfg.leaderElectionRenewDeadline, "leader-election-renew-deadline", 10*time.Second, "How long the leader keeps trying to renew the Lease before it gives up leading (and exits, to be restarted).")
+	fs.DurationVar(&cfg.leaderElectionRetryPeriod, "leader-election-retry-period", 5*time.Second, "Pause between two attempts to take or renew the Lease.")
+	fs.StringVar(&cfg.httpEndpoint, "http-endpoint", "", "host:port of the HTTP server for diagnostics: Prometheus metrics on --metrics-path, /healthz (fails while the CSI driver is unreachable, or a controller reports a problem, e.g. the registrar before kubelet confirmed the registration) and, with leader election, /healthz/leader-election. Empty disables it.")
+	fs.StringVar(&cfg.metricsPath, "metrics-path", "/metrics", "HTTP path of the Prometheus metrics on --http-endpoint.")
+	fs.BoolVar(&cfg.enablePprof, "enable-pprof", false, "Serve Go profiles under /debug/pprof/ on --http-endpoint.")
+	fs.BoolVar(&cfg.showVersion, "version", false, "Print the version and exit.")
+	fs.BoolVar(&cfg.nodeDeployment, "node-deployment", false, "Run on every node (a DaemonSet) next to a driver that serves only that node's pools: attach handles only the VolumeAttachments of --node-name, capacity publishes only that node's topology segment. "+
+		"Fencing stays on, unlike local-volume drivers that give up attach for distributed provisioning.")
+	fs.StringVar(&cfg.nodeName, "node-name", getenv("NODE_NAME"), "Name of the Kubernetes Node this sidecar runs on, for --node-deployment and the registrar. Default: $NODE_NAME (set it from spec.nodeName with the downward API).")
+	cfg.capacity.addFlags(fs)
+	cfg.registrar.addFlags(fs)
+	cfg.resizer.addFlags(fs)
+	cfg.compat.addFlags(fs)
+	logsapi.AddGoFlags(cfg.logging, fs)
+	return fs, &controllers
+}
+
+// runs reports whether the controller name was chosen.
+func (c *config) runs(name string) bool { return slices.Contains(c.controllers, name) }
+
 // validate reports the first flag value that cannot work, naming the flag.
 func (c *config) validate() error {
 	if len(c.controllers) == 0 {
 		return errors.New("--controllers is empty")
 	}
 	for _, name := range c.controllers {
-		switch {
-		case slices.Contains(implementedControllers, name):
-		case slices.Contains(plannedControllers, name):
-			return fmt.Errorf("--controllers: %q is not implemented yet (implemented: %s)", name, strings.Join(implementedControllers, ", "))
-		default:
-			return fmt.Errorf("--controllers: unknown controller %q (implemented: %s)", name, strings.Join(implementedControllers, ", "))
+		if !slices.Contains(knownControllers, name) {
+			return fmt.Errorf("--controllers: unknown controller %q (known: %s)", name, strings.Join(knownControllers, ", "))
 		}
 	}
 	switch {
@@ -248,6 +293,24 @@ func (c *config) validate() error {
 	if c.httpEndpoint != "" {
 		if _, _, err := net.SplitHostPort(c.httpEndpoint); err != nil {
 			return fmt.Errorf("--http-endpoint %q is not host:port: %w", c.httpEndpoint, err)
+		}
+	}
+	if c.nodeDeployment && c.nodeName == "" {
+		return errors.New("--node-deployment needs --node-name or $NODE_NAME")
+	}
+	if c.runs(controllerCapacity) {
+		if err := c.capacity.validate(c); err != nil {
+			return err
+		}
+	}
+	if c.runs(controllerRegistrar) {
+		if err := c.registrar.validate(c); err != nil {
+			return err
+		}
+	}
+	if c.runs(controllerResizer) {
+		if err := c.resizer.validate(c); err != nil {
+			return err
 		}
 	}
 	if c.leaderElection {

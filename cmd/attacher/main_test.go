@@ -19,13 +19,18 @@ import (
 	"k8s.io/klog/v2/ktesting"
 )
 
+func noEnv(string) string { return "" }
+
 func TestParseFlagsDefaults(t *testing.T) {
-	cfg, err := parseFlags(nil, &bytes.Buffer{})
+	cfg, err := parseFlags(nil, &bytes.Buffer{}, noEnv)
 	if err != nil {
 		t.Fatalf("parseFlags: %v", err)
 	}
 	got := *cfg
+	// The per-controller and compatibility flags have tests of their own.
 	got.logging = nil
+	got.compat = compatFlags{}
+	got.capacity, got.registrar, got.resizer = capacityConfig{}, registrarConfig{}, resizerConfig{}
 	want := config{
 		csiAddress:                  "/run/csi/socket",
 		controllers:                 []string{"attach"},
@@ -44,7 +49,7 @@ func TestParseFlagsDefaults(t *testing.T) {
 		leaderElectionRetryPeriod:   5 * time.Second,
 		metricsPath:                 "/metrics",
 	}
-	if d := cmp.Diff(want, got, cmp.AllowUnexported(config{})); d != "" {
+	if d := cmp.Diff(want, got, cmp.AllowUnexported(config{}, compatFlags{}, featureGates{}, capacityConfig{}, registrarConfig{}, resizerConfig{})); d != "" {
 		t.Errorf("defaults (-want +got):\n%s", d)
 	}
 }
@@ -63,7 +68,6 @@ func TestParseFlags(t *testing.T) {
 				return c.csiAddress == "/csi/csi.sock" && len(c.controllers) == 1 && c.workerThreads == 4
 			},
 		},
-		{name: "capacity is not there yet", args: []string{"--controllers=attach,capacity"}, wantErr: `--controllers: "capacity" is not implemented yet`},
 		{name: "unknown controller", args: []string{"--controllers=snapshot"}, wantErr: `--controllers: unknown controller "snapshot"`},
 		{name: "empty controller list", args: []string{"--controllers=,"}, wantErr: "--controllers is empty"},
 		{name: "unknown flag", args: []string{"--bogus"}, wantErr: "flag provided but not defined: -bogus"},
@@ -86,7 +90,7 @@ func TestParseFlags(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			cfg, err := parseFlags(tc.args, &bytes.Buffer{})
+			cfg, err := parseFlags(tc.args, &bytes.Buffer{}, noEnv)
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 					t.Fatalf("parseFlags(%q) = %v, want an error containing %q", tc.args, err, tc.wantErr)

@@ -2,10 +2,14 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
+	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -14,8 +18,6 @@ import (
 	"github.com/kubernetes-csi/csi-lib-utils/metrics"
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/apimachinery/pkg/runtime"
-	corev1 "k8s.io/client-go/kubernetes/typed/core/v1"
-	storagev1 "k8s.io/client-go/kubernetes/typed/storage/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/tools/leaderelection"
@@ -25,7 +27,7 @@ import (
 	_ "k8s.io/component-base/metrics/prometheus/workqueue"               // workqueue metrics in the legacy registry
 	"k8s.io/klog/v2"
 
-	"github.com/loopvol/loopvol/pkg/attach"
+	"github.com/loopvol/loopvol/internal/kube"
 	"github.com/loopvol/loopvol/pkg/csiclient"
 )
 
@@ -34,16 +36,24 @@ import (
 func run(ctx context.Context, cfg *config) error {
 	logger := klog.FromContext(ctx)
 	logger.Info("Starting", "version", version, "controllers", cfg.controllers, "csiAddress", cfg.csiAddress,
-		"workerThreads", cfg.workerThreads, "kubeAPIQPS", cfg.kubeAPIQPS, "kubeAPIBurst", cfg.kubeAPIBurst)
+		"workerThreads", cfg.workerThreads, "kubeAPIQPS", cfg.kubeAPIQPS, "kubeAPIBurst", cfg.kubeAPIBurst,
+		"nodeDeployment", cfg.nodeDeployment, "nodeName", cfg.nodeName)
 	connection.SetMaxGRPCLogLength(cfg.maxGRPCLogLength)
 
-	restConfig, err := kubeConfig(cfg)
-	if err != nil {
-		return err
-	}
-	client, err := newKubeClient(restConfig)
-	if err != nil {
-		return err
+	d := &deps{cfg: cfg, health: &healthChecks{}, env: os.Getenv}
+	// A registrar in kubelet mode has no RBAC at all: it must not even
+	// build a client that could be used by mistake.
+	if cfg.needsAPI() {
+		restConfig, err := kubeConfig(cfg)
+		if err != nil {
+			return err
+		}
+		client, err := kube.NewClient(restConfig)
+		if err != nil {
+			return err
+		}
+		d.rest, d.client = restConfig, client
+		d.informers = kube.NewInformers(client, cfg.resync)
 	}
 
 	// Metrics: CSI call latency (csi-lib-utils), the workqueue and
@@ -52,17 +62,18 @@ func run(ctx context.Context, cfg *config) error {
 	ownMetrics := prometheus.NewRegistry()
 	csiMetrics.WithAdditionalRegistry(legacyregistry.DefaultGatherer)
 	csiMetrics.WithAdditionalRegistry(ownMetrics)
+	d.registry = ownMetrics
 
 	var csiConn atomic.Pointer[csiclient.Client]
-	health := func() error {
+	d.health.add("csi", func() error {
 		if c := csiConn.Load(); c != nil {
 			return c.Healthy()
 		}
 		return fmt.Errorf("connecting to the CSI driver at %s", cfg.csiAddress)
-	}
-	var leaderHealth *leaderelection.HealthzAdaptor
+	})
+	var leaderHealth *leaderHealthChecks
 	if cfg.leaderElection {
-		leaderHealth = leaderelection.NewLeaderHealthzAdaptor(leaderHealthTimeout)
+		leaderHealth = &leaderHealthChecks{}
 	}
 	var wg sync.WaitGroup
 	defer wg.Wait()
@@ -74,9 +85,9 @@ func run(ctx context.Context, cfg *config) error {
 		if cfg.enablePprof {
 			csiMetrics.RegisterPprofToServer(mux)
 		}
-		mux.Handle("/healthz", checkHandler(health, http.StatusServiceUnavailable))
+		mux.Handle("/healthz", checkHandler(d.health.check, http.StatusServiceUnavailable))
 		if leaderHealth != nil {
-			mux.Handle("/healthz/leader-election", checkHandler(func() error { return leaderHealth.Check(nil) }, http.StatusInternalServerError))
+			mux.Handle("/healthz/leader-election", checkHandler(leaderHealth.check, http.StatusInternalServerError))
 		}
 		// Listen before anything slow, so a bad address fails at once and
 		// /healthz answers while the driver is awaited.
@@ -110,28 +121,166 @@ func run(ctx context.Context, cfg *config) error {
 	}
 	defer func() { _ = conn.Close() }()
 	csiConn.Store(conn)
-	driver := conn.DriverName()
-	logger = klog.LoggerWithValues(logger, "driver", driver)
+	d.csi = conn
+	d.driver = conn.DriverName()
+	logger = klog.LoggerWithValues(logger, "driver", d.driver)
 	ctx = klog.NewContext(ctx, logger)
 
-	runners, err := buildControllers(cfg, client, conn, ownMetrics)
+	runners, err := buildControllers(d)
 	if err != nil {
 		return err
 	}
-	runAll := func(ctx context.Context) error { return runControllers(ctx, runners) }
-	if cfg.leaderElection {
-		le, lerr := newLeaderConfig(cfg, restConfig, attach.LeaseName(driver), leaderHealth)
+	if d.informers != nil {
+		// Every replica runs the informers, leader or not: a standby that
+		// takes over has a warm cache and acts at once. The controllers add
+		// their handlers only when they start.
+		d.informers.Start(ctx)
+	}
+	for i, r := range runners {
+		if !cfg.leaderElection || r.lease == "" {
+			continue
+		}
+		lease := r.lease
+		if cfg.nodeDeployment {
+			lease = nodeLeaseName(lease, cfg.nodeName)
+		}
+		le, lerr := newLeaderConfig(cfg, d.rest, lease, leaderHealth.add(lease))
 		if lerr != nil {
 			return lerr
 		}
-		err = runWithLeaderElection(ctx, le, runAll)
-	} else {
-		err = runAll(ctx)
+		inner := r.run
+		runners[i].run = func(ctx context.Context) error { return runWithLeaderElection(ctx, le, inner) }
 	}
-	if err != nil {
+	if err := runControllers(ctx, runners); err != nil {
 		return err
 	}
 	return stopReason(ctx, nil)
+}
+
+// needsAPI tells whether any chosen controller talks to the API server.
+func (c *config) needsAPI() bool {
+	for _, name := range c.controllers {
+		if name != controllerRegistrar || c.registrar.needsAPI() {
+			return true
+		}
+	}
+	return false
+}
+
+// deps is what the controllers are built from.
+type deps struct {
+	cfg *config
+	// rest is the API client configuration, for a client of a
+	// controller's own (its own rate limit); nil when no chosen controller
+	// needs the API, like client and informers.
+	rest      *rest.Config
+	client    kube.Client
+	informers *kube.Informers
+	csi       *csiclient.Client
+	driver    string
+	registry  prometheus.Registerer
+	health    *healthChecks
+	// env reads the environment (NAMESPACE, POD_NAME).
+	env func(string) string
+}
+
+// runner is one controller's Run, and the Lease it runs under with
+// --leader-election ("" for none).
+type runner struct {
+	name  string
+	lease string
+	run   func(context.Context) error
+}
+
+// buildControllers builds the controllers named in --controllers.
+func buildControllers(d *deps) ([]runner, error) {
+	builders := map[string]func(*deps) (*runner, error){
+		controllerAttach:    buildAttach,
+		controllerCapacity:  buildCapacity,
+		controllerRegistrar: buildRegistrar,
+		controllerResizer:   buildResizer,
+	}
+	var out []runner
+	for _, name := range d.cfg.controllers {
+		build, ok := builders[name]
+		if !ok {
+			return nil, fmt.Errorf("controller %q is not known", name) // validate stops this earlier
+		}
+		r, err := build(d)
+		if err != nil {
+			return nil, fmt.Errorf("controller %s: %w", name, err)
+		}
+		r.name = name
+		out = append(out, *r)
+	}
+	return out, nil
+}
+
+// nodeLeaseName is the Lease of a per-node controller: the upstream name and
+// the node's, so that replicas on different nodes never share one (only two
+// on the same node do). Long names are cut and given a hash suffix to stay a
+// valid name.
+func nodeLeaseName(lease, node string) string {
+	name := lease + "-" + node
+	if len(name) <= 63 {
+		return name
+	}
+	sum := sha256.Sum256([]byte(name))
+	return name[:63-17] + "-" + hex.EncodeToString(sum[:8])
+}
+
+// healthChecks are the named checks behind /healthz; all must pass.
+type healthChecks struct {
+	mu     sync.Mutex
+	names  []string
+	checks []func() error
+}
+
+// add adds a check; /healthz fails while it returns an error.
+func (h *healthChecks) add(name string, check func() error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.names = append(h.names, name)
+	h.checks = append(h.checks, check)
+}
+
+// check runs every check and reports the failing ones.
+func (h *healthChecks) check() error {
+	h.mu.Lock()
+	names, checks := slices.Clone(h.names), slices.Clone(h.checks)
+	h.mu.Unlock()
+	var errs []error
+	for i, c := range checks {
+		if err := c(); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", names[i], err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// leaderHealthChecks watch every Lease this process runs for.
+type leaderHealthChecks struct {
+	mu       sync.Mutex
+	adaptors []*leaderelection.HealthzAdaptor
+}
+
+// add returns the watchdog of one more Lease.
+func (l *leaderHealthChecks) add(lease string) *leaderelection.HealthzAdaptor {
+	a := leaderelection.NewLeaderHealthzAdaptor(leaderHealthTimeout)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.adaptors = append(l.adaptors, a)
+	return a
+}
+
+func (l *leaderHealthChecks) check() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var errs []error
+	for _, a := range l.adaptors {
+		errs = append(errs, a.Check(nil))
+	}
+	return errors.Join(errs...)
 }
 
 // stopReason turns the end of ctx into the result of run: nil after a
@@ -162,65 +311,6 @@ func kubeConfig(cfg *config) (*rest.Config, error) {
 	rc.AcceptContentTypes = runtime.ContentTypeProtobuf + "," + runtime.ContentTypeJSON
 	rc.UserAgent = "loopvol-attacher/" + version
 	return rc, nil
-}
-
-// kubeClient holds just the typed clients the controllers use. Linking the
-// whole kubernetes.Clientset (every API group, with an informer factory for
-// each) makes the binary half again as large, and its resident memory with
-// it.
-type kubeClient struct {
-	core    corev1.CoreV1Interface
-	storage storagev1.StorageV1Interface
-}
-
-func (k kubeClient) CoreV1() corev1.CoreV1Interface          { return k.core }
-func (k kubeClient) StorageV1() storagev1.StorageV1Interface { return k.storage }
-
-func newKubeClient(rc *rest.Config) (kubeClient, error) {
-	core, err := corev1.NewForConfig(rc)
-	if err != nil {
-		return kubeClient{}, fmt.Errorf("create the Kubernetes core/v1 client: %w", err)
-	}
-	st, err := storagev1.NewForConfig(rc)
-	if err != nil {
-		return kubeClient{}, fmt.Errorf("create the Kubernetes storage/v1 client: %w", err)
-	}
-	return kubeClient{core: core, storage: st}, nil
-}
-
-// runner is one controller's Run.
-type runner struct {
-	name string
-	run  func(context.Context) error
-}
-
-// buildControllers builds the controllers named in --controllers.
-func buildControllers(cfg *config, client attach.KubeClient, conn *csiclient.Client, reg prometheus.Registerer) ([]runner, error) {
-	var out []runner
-	for _, name := range cfg.controllers {
-		switch name {
-		case controllerAttach:
-			c, err := attach.New(attach.Config{
-				DriverName:         conn.DriverName(),
-				Client:             client,
-				CSI:                conn,
-				Workers:            int(cfg.workerThreads),
-				Resync:             cfg.resync,
-				RetryIntervalStart: cfg.retryIntervalStart,
-				RetryIntervalMax:   cfg.retryIntervalMax,
-				ReconcileSync:      cfg.reconcileSync,
-				DefaultFSType:      cfg.defaultFSType,
-				Registerer:         reg,
-			})
-			if err != nil {
-				return nil, err
-			}
-			out = append(out, runner{name: name, run: c.Run})
-		default:
-			return nil, fmt.Errorf("controller %q is not implemented", name) // validate stops this earlier
-		}
-	}
-	return out, nil
 }
 
 // runControllers runs every controller until ctx ends. When one fails, the
