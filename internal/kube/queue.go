@@ -15,7 +15,7 @@ type Queue[T comparable] struct {
 	// Name is the queue's name in the workqueue metrics and the logs.
 	Name string
 	// Q is the queue itself: event handlers Add to it, workers Get and Done.
-	Q workqueue.TypedRateLimitingInterface[T]
+	Q  workqueue.TypedRateLimitingInterface[T]
 	rl workqueue.TypedRateLimiter[T]
 	// finalFloor is the shortest wait after a final error.
 	finalFloor time.Duration
