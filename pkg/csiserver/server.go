@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
-	"os"
 	"runtime/debug"
 	"time"
 
@@ -16,6 +14,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"k8s.io/klog/v2"
+
+	"github.com/loopvol/loopvol/internal/unixsock"
 )
 
 // Config says what to serve where.
@@ -33,8 +33,7 @@ type Config struct {
 // Server is a running CSI gRPC server.
 type Server struct {
 	grpc     *grpc.Server
-	listener net.Listener
-	path     string
+	listener *unixsock.Listener
 }
 
 // Listen opens the socket and registers the services; Serve starts answering.
@@ -44,11 +43,12 @@ func Listen(ctx context.Context, cfg Config) (*Server, error) {
 	if cfg.Identity == nil {
 		return nil, errors.New("an identity server is required")
 	}
-	path, err := ParseEndpoint(cfg.Endpoint)
+	path, err := unixsock.ParseEndpoint(cfg.Endpoint)
 	if err != nil {
 		return nil, err
 	}
-	l, err := listen(path)
+	// Owner-only: kubelet and the sidecars run as the driver's user (root).
+	l, err := unixsock.Listen(path, 0o600)
 	if err != nil {
 		return nil, err
 	}
@@ -61,17 +61,18 @@ func Listen(ctx context.Context, cfg Config) (*Server, error) {
 	if cfg.Node != nil {
 		csi.RegisterNodeServer(g, cfg.Node)
 	}
-	return &Server{grpc: g, listener: l, path: path}, nil
+	return &Server{grpc: g, listener: l}, nil
 }
 
 // Serve answers requests until ctx is done, then stops: running calls get
-// up to a grace period to finish, and the socket file is removed.
+// up to a grace period to finish, and the socket file is removed (unless
+// another process has replaced it meanwhile).
 func (s *Server) Serve(ctx context.Context) error {
 	errc := make(chan error, 1)
 	go func() { errc <- s.grpc.Serve(s.listener) }()
 	select {
 	case err := <-errc:
-		os.Remove(s.path)
+		_ = s.listener.Close()
 		return err
 	case <-ctx.Done():
 	}
@@ -83,7 +84,8 @@ func (s *Server) Serve(ctx context.Context) error {
 		// A mkfs of a huge volume must not hold up a restart forever.
 		s.grpc.Stop()
 	}
-	os.Remove(s.path)
+	// Stopping closed the listener already; Close is idempotent.
+	_ = s.listener.Close()
 	return nil
 }
 
