@@ -83,9 +83,9 @@ type rig struct {
 	dir        string
 	pool       string
 	kubeconfig string // the administrator's
-	// attacherKubeconfig is a user with the attacher's RBAC, made on
-	// first use.
-	attacherKubeconfig string
+	// attacherKubeconfigs are users with the attacher's RBAC (its Lease
+	// Role in the namespace of the key), made on first use.
+	attacherKubeconfigs map[string]string
 
 	driver        *driverproc.Driver
 	driverArgs    []string
@@ -206,10 +206,21 @@ type attacher struct {
 // under a name used before appends to that one's log.
 func (r *rig) startAttacher(name string, args ...string) *attacher {
 	r.t.Helper()
-	if r.attacherKubeconfig == "" {
-		r.attacherKubeconfig = r.restrictedKubeconfig("loopvol-attacher-"+r.id, metav1.NamespaceDefault, "rbac-attacher.yaml")
+	ns := metav1.NamespaceDefault
+	for _, a := range args {
+		if v, ok := strings.CutPrefix(a, "--leader-election-namespace="); ok {
+			ns = v
+		}
 	}
-	return r.startSidecar(name, r.attacherKubeconfig, args...)
+	if r.attacherKubeconfigs == nil {
+		r.attacherKubeconfigs = map[string]string{}
+	}
+	kc, ok := r.attacherKubeconfigs[ns]
+	if !ok {
+		kc = r.restrictedKubeconfig("loopvol-attacher-"+r.id+"-"+ns, ns, "rbac-attacher.yaml")
+		r.attacherKubeconfigs[ns] = kc
+	}
+	return r.startSidecar(name, kc, args...)
 }
 
 // startSidecar starts cmd/attacher with kubeconfig, diagnostics on a fresh

@@ -44,7 +44,7 @@ func (r *rig) restrictedKubeconfig(user, namespace string, files ...string) stri
 				if err := yaml.UnmarshalStrict(doc, &role); err != nil {
 					r.t.Fatalf("%s: %v", file, err)
 				}
-				role.Name += "-" + r.id
+				role.Name += "-" + user
 				if _, err := rbac.ClusterRoles().Create(r.ctx, &role, metav1.CreateOptions{}); err != nil {
 					r.t.Fatalf("%s: create ClusterRole: %v", file, err)
 				}
@@ -67,7 +67,7 @@ func (r *rig) restrictedKubeconfig(user, namespace string, files ...string) stri
 					r.t.Fatalf("%s: %v", file, err)
 				}
 				role.Namespace = namespace
-				role.Name += "-" + r.id
+				role.Name += "-" + user
 				if _, err := rbac.Roles(namespace).Create(r.ctx, &role, metav1.CreateOptions{}); err != nil {
 					r.t.Fatalf("%s: create Role: %v", file, err)
 				}
