@@ -40,7 +40,7 @@ func StripPV(obj any, fields PVFields) (any, error) {
 		spec.AccessModes = pv.Spec.AccessModes
 		spec.VolumeMode = pv.Spec.VolumeMode
 	}
-	if fields&PVAttach != 0 {
+	if fields&(PVAttach|PVResize) != 0 {
 		spec.MountOptions = pv.Spec.MountOptions
 	}
 	if fields&(PVCapacity|PVResize) != 0 {

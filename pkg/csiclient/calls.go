@@ -104,3 +104,15 @@ func (c *Client) NodeGetInfo(ctx context.Context) (*csi.NodeGetInfoResponse, err
 	}
 	return rsp, nil
 }
+
+// NodeGetCapabilities calls the node service's NodeGetCapabilities, bounded
+// by Config.Timeout.
+func (c *Client) NodeGetCapabilities(ctx context.Context) (*csi.NodeGetCapabilitiesResponse, error) {
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
+	defer cancel()
+	rsp, err := c.node.NodeGetCapabilities(ctx, &csi.NodeGetCapabilitiesRequest{})
+	if err != nil {
+		return nil, fmt.Errorf("NodeGetCapabilities: %w", err)
+	}
+	return rsp, nil
+}

@@ -1,0 +1,141 @@
+package resize
+
+import (
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
+)
+
+// handler is one event handler the controller added to a shared informer.
+type handler struct {
+	inf cache.SharedIndexInformer
+	reg cache.ResourceEventHandlerRegistration
+}
+
+// addEventHandlers adds the controller's handlers to the claim and volume
+// informers. On an error the handlers added so far are removed again.
+func (c *Controller) addEventHandlers() ([]handler, error) {
+	var regs []handler
+	add := func(inf cache.SharedIndexInformer, h cache.ResourceEventHandler, resync bool) error {
+		var reg cache.ResourceEventHandlerRegistration
+		var err error
+		if resync && c.cfg.Resync > 0 {
+			reg, err = inf.AddEventHandlerWithResyncPeriod(h, c.cfg.Resync)
+		} else {
+			reg, err = inf.AddEventHandler(h)
+		}
+		if err == nil {
+			regs = append(regs, handler{inf: inf, reg: reg})
+		}
+		return err
+	}
+	// Claims are resynced: a request raised again while an expansion ran
+	// may have been judged on the state before it.
+	err := add(c.pvcInformer, cache.ResourceEventHandlerFuncs{
+		AddFunc:    c.claimAdded,
+		UpdateFunc: c.claimUpdated,
+		DeleteFunc: c.claimDeleted,
+	}, true)
+	if err == nil {
+		err = add(c.pvInformer, cache.ResourceEventHandlerFuncs{
+			AddFunc:    c.volumeAdded,
+			DeleteFunc: c.volumeDeleted,
+		}, false)
+	}
+	if err != nil {
+		for _, r := range regs {
+			_ = r.inf.RemoveEventHandler(r.reg)
+		}
+		return nil, err
+	}
+	return regs, nil
+}
+
+// removeHandlers removes handlers added by addEventHandlers.
+func removeHandlers(logger klog.Logger, regs []handler) {
+	for _, r := range regs {
+		if err := r.inf.RemoveEventHandler(r.reg); err != nil {
+			logger.V(4).Info("Could not remove an event handler", "err", err.Error())
+		}
+	}
+}
+
+func claimKey(pvc *corev1.PersistentVolumeClaim) string { return pvc.Namespace + "/" + pvc.Name }
+
+func (c *Controller) claimAdded(obj any) {
+	if pvc, ok := obj.(*corev1.PersistentVolumeClaim); ok {
+		c.queue.Q.Add(claimKey(pvc))
+	}
+}
+
+func (c *Controller) claimUpdated(oldObj, newObj any) {
+	old, ok1 := oldObj.(*corev1.PersistentVolumeClaim)
+	pvc, ok2 := newObj.(*corev1.PersistentVolumeClaim)
+	if ok1 && ok2 && c.shouldEnqueue(old, pvc) {
+		c.queue.Q.Add(claimKey(pvc))
+	}
+}
+
+// shouldEnqueue tells whether an update of a claim may need a sync. Most
+// updates do not (labels, annotations of others, kubelet's unrelated
+// writes); and the controller's own status writes coming back must not
+// sync the claim again at once, which would cut its backoff short.
+// Queued: periodic resyncs (same resourceVersion), a changed request
+// (raised, or lowered to recover from a failure), binding, a capacity that
+// grew (the node finished: the pre-resize annotation may go), a changed
+// resize status (the node failed or finished) and a changed resizer
+// annotation.
+func (c *Controller) shouldEnqueue(old, pvc *corev1.PersistentVolumeClaim) bool {
+	if old.ResourceVersion == pvc.ResourceVersion {
+		return true
+	}
+	if c.state.ownWrite(claimKey(pvc), pvc.ResourceVersion) {
+		return false
+	}
+	oldReq, newReq := old.Spec.Resources.Requests[corev1.ResourceStorage], pvc.Spec.Resources.Requests[corev1.ResourceStorage]
+	oldCap, newCap := old.Status.Capacity[corev1.ResourceStorage], pvc.Status.Capacity[corev1.ResourceStorage]
+	switch {
+	case oldReq.Cmp(newReq) != 0, newCap.Cmp(oldCap) > 0:
+		return true
+	case old.UID != pvc.UID, old.Spec.VolumeName != pvc.Spec.VolumeName, old.Status.Phase != pvc.Status.Phase:
+		return true
+	case old.Status.AllocatedResourceStatuses[corev1.ResourceStorage] != pvc.Status.AllocatedResourceStatuses[corev1.ResourceStorage]:
+		return true
+	case old.Annotations[ResizerAnnotation] != pvc.Annotations[ResizerAnnotation]:
+		return true
+	}
+	return false
+}
+
+func (c *Controller) claimDeleted(obj any) {
+	if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = tomb.Obj
+	}
+	pvc, ok := obj.(*corev1.PersistentVolumeClaim)
+	if !ok {
+		return
+	}
+	key := claimKey(pvc)
+	c.state.drop(key, string(pvc.UID))
+	// Its sync finds it gone and forgets its backoff.
+	c.queue.Q.Add(key)
+}
+
+// volumeAdded queues the claim of a new volume of the driver: a claim
+// whose sync found its volume missing from the cache waits for it.
+func (c *Controller) volumeAdded(obj any) {
+	pv, ok := obj.(*corev1.PersistentVolume)
+	if !ok || pv.Spec.CSI == nil || pv.Spec.CSI.Driver != c.cfg.DriverName || pv.Spec.ClaimRef == nil {
+		return
+	}
+	c.queue.Q.Add(pv.Spec.ClaimRef.Namespace + "/" + pv.Spec.ClaimRef.Name)
+}
+
+func (c *Controller) volumeDeleted(obj any) {
+	if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = tomb.Obj
+	}
+	if pv, ok := obj.(*corev1.PersistentVolume); ok {
+		c.state.dropVolume(pv.Name)
+	}
+}

@@ -1,0 +1,128 @@
+package resize
+
+import (
+	"sync"
+
+	"k8s.io/apimachinery/pkg/util/resourceversion"
+)
+
+// claimState is what the controller remembers between syncs, per claim key
+// (namespace/name) unless said otherwise. Nothing here is needed for
+// correctness after a restart: it only saves API reads and driver calls.
+type claimState struct {
+	mu sync.Mutex
+	// written is the resourceVersion of the controller's last write of a
+	// claim or (keyed "pv/<name>") a volume: a cached copy older than it
+	// has not seen that write yet, and an update event that brings exactly
+	// it is the controller's own write coming back.
+	written map[string]string
+	// finalError holds the claims whose last driver call ended in a final
+	// error: the driver is certainly not working on it any more, so the
+	// claim's (possibly lowered) request may be tried instead.
+	finalError map[string]bool
+	// inUse holds the claims (by UID) whose last driver call failed with
+	// FAILED_PRECONDITION: a driver that expands only unpublished volumes
+	// refused it because it was in use.
+	inUse map[string]bool
+	// live holds the claims whose next sync must read them from the API
+	// server: a write of the controller's failed on a conflict, so the
+	// cache may be behind someone else's write.
+	live map[string]bool
+}
+
+func newClaimState() *claimState {
+	return &claimState{written: map[string]string{}, finalError: map[string]bool{}, inUse: map[string]bool{}, live: map[string]bool{}}
+}
+
+func pvKey(name string) string { return "pv/" + name }
+
+func (s *claimState) recordWrite(key, rv string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.written[key] = rv
+}
+
+// ownWrite tells whether rv is the version the controller's last write of
+// key produced.
+func (s *claimState) ownWrite(key, rv string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	w, ok := s.written[key]
+	return ok && w == rv
+}
+
+// readLive records that the next sync of key must read it from the API
+// server.
+func (s *claimState) readLive(key string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.live[key] = true
+}
+
+// stale tells whether rv, a cached resourceVersion of key, is older than
+// the controller's last write of key, or key was marked with readLive
+// (once). Versions that do not compare are never stale.
+func (s *claimState) stale(key, rv string) bool {
+	s.mu.Lock()
+	w, ok := s.written[key]
+	if s.live[key] {
+		delete(s.live, key)
+		s.mu.Unlock()
+		return true
+	}
+	s.mu.Unlock()
+	if !ok {
+		return false
+	}
+	cmp, err := resourceversion.CompareResourceVersion(rv, w)
+	return err == nil && cmp < 0
+}
+
+func (s *claimState) setFinalError(key string, final bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if final {
+		s.finalError[key] = true
+	} else {
+		delete(s.finalError, key)
+	}
+}
+
+func (s *claimState) hasFinalError(key string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.finalError[key]
+}
+
+func (s *claimState) setInUse(uid string, inUse bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if inUse {
+		s.inUse[uid] = true
+	} else {
+		delete(s.inUse, uid)
+	}
+}
+
+func (s *claimState) hadInUseError(uid string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.inUse[uid]
+}
+
+// drop forgets a deleted claim.
+func (s *claimState) drop(key, uid string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.written, key)
+	delete(s.finalError, key)
+	delete(s.inUse, uid)
+	delete(s.live, key)
+}
+
+// dropVolume forgets a deleted volume.
+func (s *claimState) dropVolume(name string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.written, pvKey(name))
+}

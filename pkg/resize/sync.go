@@ -1,0 +1,295 @@
+package resize
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/kubernetes-csi/csi-lib-utils/accessmodes"
+	"google.golang.org/grpc/codes"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
+
+	"github.com/loopvol/loopvol/pkg/csiclient"
+)
+
+// sync brings one claim's volume to the size the claim asks for, as far as
+// the controller's part goes. It returns nil when there is nothing to do:
+// the claim is gone, not bound, not this driver's, or not asking for more.
+func (c *Controller) sync(ctx context.Context, key string) error {
+	ns, name, err := cache.SplitMetaNamespaceKey(key)
+	if err != nil {
+		return permanent(fmt.Errorf("bad claim key %q: %w", key, err))
+	}
+	pvc, err := c.pvcLister.PersistentVolumeClaims(ns).Get(name)
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if pvc.Spec.VolumeName == "" {
+		return nil
+	}
+	if c.state.stale(key, pvc.ResourceVersion) {
+		// The cache has not seen the controller's last write yet, or a
+		// write conflicted: decide on the live object.
+		pvc, err = c.client.CoreV1().PersistentVolumeClaims(ns).Get(ctx, name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("read PersistentVolumeClaim %s: %w", key, err)
+		}
+	}
+	pv, err := c.volume(ctx, pvc.Spec.VolumeName)
+	if err != nil || pv == nil || pv.Spec.CSI == nil || pv.Spec.CSI.Driver != c.cfg.DriverName {
+		return err
+	}
+	logger := klog.LoggerWithValues(klog.FromContext(ctx), "persistentVolumeClaim", klog.KObj(pvc), "persistentVolume", klog.KObj(pv))
+	ctx = klog.NewContext(ctx, logger)
+
+	if err := c.dropPreResizeAnnotation(ctx, pvc, pv); err != nil {
+		return err
+	}
+	if !needsResize(pvc) {
+		logger.V(5).Info("Claim needs no expansion")
+		return nil
+	}
+	if ref := pv.Spec.ClaimRef; ref == nil || ref.Namespace != pvc.Namespace || ref.UID != pvc.UID {
+		logger.V(4).Info("The PersistentVolume is not bound to this claim; not expanding")
+		return nil
+	}
+	caps := c.csi.Capabilities()
+	controllerExpansion := caps.ExpandVolume
+	if !controllerExpansion {
+		ok, err := c.nodeExpands(ctx)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return permanent(fmt.Errorf("driver %s expands volumes neither in its controller (EXPAND_VOLUME) nor on the node (node EXPAND_VOLUME)", c.cfg.DriverName))
+		}
+	}
+	d := decide(pvc, pv.Spec.Capacity[corev1.ResourceStorage], c.state.hasFinalError(key), controllerExpansion)
+	if !d.act {
+		logger.V(4).Info("Waiting for the node to finish the last expansion",
+			"resizeStatus", pvc.Status.AllocatedResourceStatuses[corev1.ResourceStorage])
+		return nil
+	}
+	return c.expand(ctx, key, pvc, pv, d, caps)
+}
+
+// volume returns the PersistentVolume name from the cache, or from the API
+// server when the cache lacks it or has not seen the controller's last
+// write of it. It returns nil when the volume does not exist: the claim is
+// queued again when it appears.
+func (c *Controller) volume(ctx context.Context, name string) (*corev1.PersistentVolume, error) {
+	pv, err := c.pvLister.Get(name)
+	switch {
+	case err == nil && !c.state.stale(pvKey(name), pv.ResourceVersion):
+		return pv, nil
+	case err != nil && !apierrors.IsNotFound(err):
+		return nil, err
+	}
+	pv, err = c.client.CoreV1().PersistentVolumes().Get(ctx, name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read PersistentVolume %s: %w", name, err)
+	}
+	return pv, nil
+}
+
+// nodeExpands asks the driver whether its node service expands volumes
+// (node EXPAND_VOLUME).
+func (c *Controller) nodeExpands(ctx context.Context) (bool, error) {
+	rsp, err := c.csi.NodeGetCapabilities(ctx)
+	if err != nil {
+		return false, err
+	}
+	for _, cp := range rsp.GetCapabilities() {
+		if cp.GetRpc().GetType() == csi.NodeServiceCapability_RPC_EXPAND_VOLUME {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// expand runs one expansion step of a claim to d.target:
+//
+//  1. record the operation in the claim's status (allocatedResources,
+//     ControllerResizeInProgress, condition Resizing) before the driver
+//     is called, so that a restart, or a user who lowers the request
+//     meanwhile, finds the operation the driver may be working on;
+//  2. call ControllerExpandVolume (none for a driver that expands only
+//     on the node);
+//  3. give the PersistentVolume its new capacity;
+//  4. hand the claim to the node (NodeResizePending, condition
+//     FileSystemResizePending), or finish it (capacity, no resize
+//     status or conditions).
+//
+// The volume goes before the claim: kubelet grows the filesystem to the
+// volume's capacity once the claim says NodeResizePending, and a crash
+// between the two leaves a claim still in progress, whose next sync calls
+// the driver again (a no-op) and records the outcome.
+func (c *Controller) expand(ctx context.Context, key string, pvc *corev1.PersistentVolumeClaim, pv *corev1.PersistentVolume, d decision, caps csiclient.Capabilities) error {
+	logger := klog.FromContext(ctx)
+	pvc, err := c.patchClaim(ctx, pvc, false, func(p *corev1.PersistentVolumeClaim) { markInProgress(p, d, c.clock.Now()) })
+	if err != nil {
+		return fmt.Errorf("mark PersistentVolumeClaim %s as resizing: %w", key, err)
+	}
+	uid := string(pvc.UID)
+	if c.cfg.HandleVolumeInUseError && c.state.hadInUseError(uid) {
+		inUse, err := c.claimInUse(ctx, pvc)
+		if err != nil {
+			return err
+		}
+		if inUse {
+			// Calling the driver again would only fail the same way.
+			msg := fmt.Sprintf("Unable to expand %s: driver %s expands only volumes not in use, and a pod uses it", key, c.cfg.DriverName)
+			c.recorder.Event(pvc, corev1.EventTypeWarning, ReasonResizeFailed, msg)
+			return errors.New(msg)
+		}
+	}
+	c.recorder.Event(pvc, corev1.EventTypeNormal, ReasonResizing, fmt.Sprintf("External resizer is resizing volume %s", pv.Name))
+	c.state.setInUse(uid, false)
+	size, nodeNeeded, err := c.resizeVolume(ctx, pv, d.target, caps)
+	if err != nil {
+		return c.failed(ctx, key, pvc, pv, err)
+	}
+	c.state.setFinalError(key, false)
+	var preResize *resource.Quantity
+	if cur, ok := pvc.Status.Capacity[corev1.ResourceStorage]; ok && nodeNeeded && c.cfg.AnnotatePreResizeCapacity {
+		preResize = &cur
+	}
+	if err := c.patchVolume(ctx, pv, volumePatch(pv, size, preResize)); err != nil {
+		return fmt.Errorf("set the capacity of PersistentVolume %s to %s: %w", pv.Name, size.String(), err)
+	}
+	now := c.clock.Now()
+	if nodeNeeded {
+		if _, err := c.patchClaim(ctx, pvc, true, func(p *corev1.PersistentVolumeClaim) { markNodePending(p, now) }); err != nil {
+			return fmt.Errorf("mark PersistentVolumeClaim %s for node expansion: %w", key, err)
+		}
+		c.recorder.Event(pvc, corev1.EventTypeNormal, ReasonFileSystemResizeRequired, "Require file system resize of volume on node")
+		logger.V(2).Info("Expanded volume; the node grows the filesystem", "size", size.String())
+	} else {
+		if _, err := c.patchClaim(ctx, pvc, true, func(p *corev1.PersistentVolumeClaim) { markFinished(p, size, now) }); err != nil {
+			return fmt.Errorf("mark PersistentVolumeClaim %s as resized: %w", key, err)
+		}
+		c.recorder.Event(pvc, corev1.EventTypeNormal, ReasonResizeSuccessful, "Resize volume succeeded")
+		logger.V(2).Info("Expanded volume", "size", size.String())
+	}
+	c.metrics.resizes.Inc()
+	return nil
+}
+
+// resizeVolume asks the driver to grow pv to target, and returns the size
+// it reports and whether the node must expand the volume too. A driver
+// without ControllerExpandVolume is not called: the node does it all.
+func (c *Controller) resizeVolume(ctx context.Context, pv *corev1.PersistentVolume, target resource.Quantity, caps csiclient.Capabilities) (resource.Quantity, bool, error) {
+	if !caps.ExpandVolume {
+		return target, true, nil
+	}
+	src := pv.Spec.CSI
+	if src.VolumeHandle == "" {
+		return target, false, permanent(errors.New("the PersistentVolume's CSI source has an empty volumeHandle"))
+	}
+	capability, err := volumeCapability(&pv.Spec, caps.SingleNodeMultiWriter)
+	if err != nil {
+		return target, false, permanent(err)
+	}
+	secrets, err := c.secrets(ctx, src.ControllerExpandSecretRef)
+	if err != nil {
+		return target, false, err
+	}
+	klog.FromContext(ctx).V(4).Info("Expanding volume", "volumeID", src.VolumeHandle, "requiredBytes", target.Value())
+	rsp, err := c.csi.ControllerExpandVolume(ctx, &csi.ControllerExpandVolumeRequest{
+		VolumeId:         src.VolumeHandle,
+		CapacityRange:    &csi.CapacityRange{RequiredBytes: target.Value()},
+		Secrets:          secrets,
+		VolumeCapability: capability,
+	})
+	if err != nil {
+		return target, false, err
+	}
+	if rsp.GetCapacityBytes() <= 0 {
+		// The driver did not say: it grew the volume to at least the
+		// request.
+		return target, rsp.GetNodeExpansionRequired(), nil
+	}
+	return *resource.NewQuantity(rsp.GetCapacityBytes(), resource.BinarySI), rsp.GetNodeExpansionRequired(), nil
+}
+
+// failed records a failed expansion attempt: an Event always; for a final
+// error also the ControllerResizeError condition with the error, and for an
+// infeasible request (INVALID_ARGUMENT, OUT_OF_RANGE, NOT_FOUND)
+// ControllerResizeInfeasible, which lets the user lower the request again.
+// It returns cause for the retry.
+func (c *Controller) failed(ctx context.Context, key string, pvc *corev1.PersistentVolumeClaim, pv *corev1.PersistentVolume, cause error) error {
+	code, hasCode := csiclient.Code(cause)
+	label := noCode
+	if hasCode {
+		label = code.String()
+	}
+	c.metrics.errors.WithLabelValues(label).Inc()
+	if hasCode && code == codes.FailedPrecondition {
+		c.state.setInUse(string(pvc.UID), true)
+	}
+	final := hasCode && csiclient.IsFinal(cause)
+	c.state.setFinalError(key, final)
+	err := fmt.Errorf("resize of volume %s failed: %w", pv.Name, cause)
+	msg := err.Error()
+	if final {
+		infeasible := code == codes.InvalidArgument || code == codes.OutOfRange || code == codes.NotFound
+		now := c.clock.Now()
+		if _, err := c.patchClaim(ctx, pvc, true, func(p *corev1.PersistentVolumeClaim) { markFailed(p, msg, infeasible, now) }); err != nil {
+			klog.FromContext(ctx).Error(err, "Recording the failed expansion in the claim's status failed")
+		}
+	}
+	c.recorder.Event(pvc, corev1.EventTypeWarning, ReasonResizeFailed, msg)
+	return err
+}
+
+// volumeCapability is the CSI capability of a PersistentVolume, as the
+// upstream sidecars map it: block or mount (fsType and mount options as
+// the volume says), and the access mode.
+func volumeCapability(spec *corev1.PersistentVolumeSpec, singleNodeMultiWriter bool) (*csi.VolumeCapability, error) {
+	mode, err := accessmodes.ToCSIAccessMode(spec.AccessModes, singleNodeMultiWriter)
+	if err != nil {
+		return nil, err
+	}
+	vc := &csi.VolumeCapability{AccessMode: &csi.VolumeCapability_AccessMode{Mode: mode}}
+	if spec.VolumeMode != nil && *spec.VolumeMode == corev1.PersistentVolumeBlock {
+		vc.AccessType = &csi.VolumeCapability_Block{Block: &csi.VolumeCapability_BlockVolume{}}
+		return vc, nil
+	}
+	vc.AccessType = &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{
+		FsType:     spec.CSI.FSType,
+		MountFlags: spec.MountOptions,
+	}}
+	return vc, nil
+}
+
+// secrets reads the controllerExpandSecretRef Secret, when there is one.
+// Secrets are read when needed and never cached, watched or logged.
+func (c *Controller) secrets(ctx context.Context, ref *corev1.SecretReference) (map[string]string, error) {
+	if ref == nil {
+		return nil, nil
+	}
+	s, err := c.client.CoreV1().Secrets(ref.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("get the controllerExpandSecretRef Secret %s/%s: %w", ref.Namespace, ref.Name, err)
+	}
+	out := make(map[string]string, len(s.Data))
+	for k, v := range s.Data {
+		out[k] = string(v)
+	}
+	return out, nil
+}
