@@ -332,10 +332,16 @@ type volume struct {
 // look as if an attacher had handled them before).
 func (r *rig) createVolumes(prefix string, n int, pvFinalizers ...string) []volume {
 	r.t.Helper()
+	return r.createVolumesOn(r.ctrl, prefix, n, pvFinalizers...)
+}
+
+// createVolumesOn is createVolumes on the driver behind ctrl.
+func (r *rig) createVolumesOn(ctrl csi.ControllerClient, prefix string, n int, pvFinalizers ...string) []volume {
+	r.t.Helper()
 	vols := make([]volume, n)
 	err := parallel(r.ctx, n, 8, func(ctx context.Context, i int) error {
 		name := fmt.Sprintf("%s-%s-%03d", r.id, prefix, i)
-		resp, err := r.ctrl.CreateVolume(ctx, &csi.CreateVolumeRequest{
+		resp, err := ctrl.CreateVolume(ctx, &csi.CreateVolumeRequest{
 			Name:               name,
 			CapacityRange:      &csi.CapacityRange{RequiredBytes: volumeSize},
 			VolumeCapabilities: []*csi.VolumeCapability{mountCapability()},
