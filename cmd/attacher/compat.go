@@ -25,11 +25,17 @@ type compatFlags struct {
 	healthPort           int
 	mode                 string
 	connectionTimeout    time.Duration
+	master               string
+	enableCapacity       bool
 }
 
-// registrationProbeMode is node-driver-registrar's deprecated --mode value
-// for its liveness probe; the process exits 0 at once.
-const registrationProbeMode = "kubelet-registration-probe"
+// node-driver-registrar's --mode values: registrationMode is its default,
+// registrationProbeMode its deprecated liveness probe, after which the
+// process exits 0 at once.
+const (
+	registrationMode      = "registration"
+	registrationProbeMode = "kubelet-registration-probe"
+)
 
 func (c *compatFlags) addFlags(fs *flag.FlagSet) {
 	c.leaderElectionLabels = labelMap{}
@@ -37,11 +43,13 @@ func (c *compatFlags) addFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.metricsAddress, "metrics-address", "", "Deprecated (as upstream): host:port to serve the metrics on; use --http-endpoint, which also serves /healthz. Only one of the two may be set.")
 	c.featureGates = newFeatureGates()
 	fs.Var(&c.featureGates, "feature-gates", "Upstream feature gates, as key=bool pairs separated by commas: "+c.featureGates.known()+
-		". Each is accepted so upstream manifests run; what they switch is always on here (the Lease is always released on exit; errorCode is always written).")
+		". Each is accepted so upstream manifests run; what they switch is always on here (the Lease is always released on exit; errorCode is always written), except AnnotateFsResize, which the resizer honours as upstream (on by default).")
 	fs.BoolVar(&c.automaxprocs, "automaxprocs", false, "Accepted for upstream manifests and ignored: since Go 1.25 the runtime sets GOMAXPROCS from the container's CPU limit by itself.")
 	fs.IntVar(&c.healthPort, "health-port", 0, "Deprecated (node-driver-registrar): TCP port of /healthz on all addresses; use --http-endpoint. 0 disables it; only one of the two may be set.")
-	fs.StringVar(&c.mode, "mode", "", "Deprecated (node-driver-registrar): \""+registrationProbeMode+"\" makes the process exit 0 at once, as upstream's probe mode ended up doing; no other value is accepted.")
+	fs.StringVar(&c.mode, "mode", "", "Deprecated (node-driver-registrar): \""+registrationProbeMode+"\" makes the process exit 0 at once, as upstream's probe mode ended up doing; \""+registrationMode+"\" (upstream's default) changes nothing; no other value is accepted.")
 	fs.DurationVar(&c.connectionTimeout, "connection-timeout", 0, "Ignored, as upstream ignores it: the sidecar waits for the CSI driver as long as it takes.")
+	fs.StringVar(&c.master, "master", "", "URL of the API server, overriding the kubeconfig's (external-provisioner and external-resizer have it). Empty: the kubeconfig's, or the in-cluster one.")
+	fs.BoolVar(&c.enableCapacity, "enable-capacity", false, "external-provisioner's switch of its capacity controller: here it adds capacity to --controllers.")
 }
 
 // registrationProbe tells whether --mode asked for the registrar's probe.
@@ -49,8 +57,11 @@ func (c *compatFlags) registrationProbe() bool { return c.mode == registrationPr
 
 // apply folds the deprecated aliases into cfg; set holds the flags given.
 func (c *compatFlags) apply(cfg *config, set map[string]bool) error {
-	if c.mode != "" && c.mode != registrationProbeMode {
-		return fmt.Errorf("--mode=%q: only %q is accepted (and deprecated); choose controllers with --controllers", c.mode, registrationProbeMode)
+	if c.mode != "" && c.mode != registrationMode && c.mode != registrationProbeMode {
+		return fmt.Errorf("--mode=%q: only %q and %q are accepted (and deprecated); choose controllers with --controllers", c.mode, registrationMode, registrationProbeMode)
+	}
+	if c.enableCapacity && !cfg.runs(controllerCapacity) {
+		cfg.controllers = append(cfg.controllers, controllerCapacity)
 	}
 	aliases := 0
 	for _, name := range []string{"http-endpoint", "metrics-address", "health-port"} {
@@ -112,11 +123,10 @@ func newFeatureGates() featureGates {
 		"ReleaseLeaderElectionOnExit":    alpha,
 		"MutableCSINodeAllocatableCount": ga,
 		"Topology":                       ga,
-		"HonorPVReclaimPolicy":           beta,
 		"CrossNamespaceVolumeDataSource": alpha,
 		"VolumeAttributesClass":          ga,
 		"RecoverVolumeExpansionFailure":  ga,
-		"AnnotateFsResize":               alpha,
+		"AnnotateFsResize":               beta,
 	})
 	if err != nil {
 		panic(err) // a fixed table: fails only if it is wrong

@@ -298,7 +298,7 @@ func stopReason(ctx context.Context, err error) error {
 // kubeConfig builds the client configuration: protobuf, the rate limits of
 // the flags and a user agent naming this command.
 func kubeConfig(cfg *config) (*rest.Config, error) {
-	rc, err := clientcmd.BuildConfigFromFlags("", cfg.kubeconfig)
+	rc, err := clientcmd.BuildConfigFromFlags(cfg.compat.master, cfg.kubeconfig)
 	if err != nil {
 		return nil, fmt.Errorf("build the Kubernetes client configuration (--kubeconfig=%q): %w", cfg.kubeconfig, err)
 	}
