@@ -1,9 +1,12 @@
 package capacity
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -214,34 +217,8 @@ func (c *Controller) Selector() labels.Selector {
 func (c *Controller) Run(ctx context.Context) error {
 	logger := klog.FromContext(ctx)
 	defer c.q.ShutDown()
-	if err := c.csi.WaitReady(ctx); err != nil {
-		return nil // ctx ended
-	}
-	caps := c.csi.Capabilities()
-	if !caps.GetCapacity {
-		return errors.New("capacity controller: the CSI driver does not offer GET_CAPACITY")
-	}
-	c.topologyCapable = caps.Topology
-	if c.cfg.Owner != nil {
-		owner, err := c.cfg.Owner(ctx)
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
-			return fmt.Errorf("capacity controller: the owner of the CSIStorageCapacity objects: %w", err)
-		}
-		c.owner = owner
-		if owner != nil {
-			logger.Info("CSIStorageCapacity objects get an owner", "apiVersion", owner.APIVersion, "kind", owner.Kind, "name", owner.Name, "uid", owner.UID)
-		}
-	}
-	if c.cfg.NodeName != "" {
-		key, ok := c.nodeOwnSegment(ctx)
-		if !ok {
-			return nil // ctx ended
-		}
-		c.topo.setNode(c.cfg.NodeName, key, true)
-		logger.Info("Publishing capacity for the node's own topology segment", "node", c.cfg.NodeName, "segment", key)
+	if err := c.prepare(ctx); err != nil || ctx.Err() != nil {
+		return err
 	}
 
 	// The handlers are added only now, when this replica starts acting:
@@ -293,6 +270,43 @@ func (c *Controller) Run(ctx context.Context) error {
 	c.q.ShutDown()
 	wg.Wait()
 	logger.Info("Capacity controller stopped")
+	return nil
+}
+
+// prepare learns what the handlers and workers need and never changes:
+// the driver's capabilities, the owner and, with NodeName, the node's
+// segment. It returns nil early when ctx ends.
+func (c *Controller) prepare(ctx context.Context) error {
+	logger := klog.FromContext(ctx)
+	if err := c.csi.WaitReady(ctx); err != nil {
+		return nil // ctx ended
+	}
+	caps := c.csi.Capabilities()
+	if !caps.GetCapacity {
+		return errors.New("capacity controller: the CSI driver does not offer GET_CAPACITY")
+	}
+	c.topologyCapable = caps.Topology
+	if c.cfg.Owner != nil {
+		owner, err := c.cfg.Owner(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("capacity controller: the owner of the CSIStorageCapacity objects: %w", err)
+		}
+		c.owner = owner
+		if owner != nil {
+			logger.Info("CSIStorageCapacity objects get an owner", "apiVersion", owner.APIVersion, "kind", owner.Kind, "name", owner.Name, "uid", owner.UID)
+		}
+	}
+	if c.cfg.NodeName != "" {
+		key, ok := c.nodeOwnSegment(ctx)
+		if !ok {
+			return nil // ctx ended
+		}
+		c.topo.setNode(c.cfg.NodeName, key, true)
+		logger.Info("Publishing capacity for the node's own topology segment", "node", c.cfg.NodeName, "segment", key)
+	}
 	return nil
 }
 
@@ -353,7 +367,8 @@ func (c *Controller) classWanted(sc *storagev1.StorageClass) bool {
 	return c.cfg.ImmediateBinding || !immediate
 }
 
-// wantedClasses returns the names of the classes objects are published for.
+// wantedClasses returns the names of the classes objects are published
+// for, sorted.
 func (c *Controller) wantedClasses() []string {
 	scs, err := c.scLister.List(labels.Everything())
 	if err != nil {
@@ -365,6 +380,7 @@ func (c *Controller) wantedClasses() []string {
 			names = append(names, sc.Name)
 		}
 	}
+	slices.Sort(names)
 	return names
 }
 
@@ -381,19 +397,27 @@ func (c *Controller) wanted(it workItem) (*storagev1.StorageClass, bool) {
 }
 
 // enqueueAll queues every item that should have an object and every item
-// that has one.
+// that has one, in order (by class, then segment).
 func (c *Controller) enqueueAll() {
+	items := map[workItem]bool{}
 	segs := c.topo.keys()
 	for _, class := range c.wantedClasses() {
 		for _, seg := range segs {
-			c.q.Q.Add(workItem{class: class, segment: seg})
+			items[workItem{class: class, segment: seg}] = true
 		}
 	}
 	for _, obj := range c.objects.List() {
 		if o, ok := obj.(*storagev1.CSIStorageCapacity); ok {
-			c.q.Q.Add(itemOf(o))
+			items[itemOf(o)] = true
 		}
 	}
+	for _, it := range slices.SortedFunc(maps.Keys(items), compareItems) {
+		c.q.Q.Add(it)
+	}
+}
+
+func compareItems(a, b workItem) int {
+	return cmp.Or(cmp.Compare(a.class, b.class), cmp.Compare(a.segment, b.segment))
 }
 
 // refresh queues it after a PersistentVolume event: at once when it was

@@ -210,14 +210,17 @@ func (c *Controller) objectChanged(logger klog.Logger, obj any) {
 }
 
 // objectDeleted queues the item of a deleted object: if it is still
-// wanted, the sync makes it again.
+// wanted, the sync makes it again. A duplicate going (the item has another
+// object) queues nothing.
 func (c *Controller) objectDeleted(logger klog.Logger, obj any) {
 	o, ok := obj.(*storagev1.CSIStorageCapacity)
 	if !ok {
 		return
 	}
 	it := itemOf(o)
-	c.forgetObject(it, o.UID)
+	if !c.forgetObject(it, o.UID) {
+		return
+	}
 	logger.V(5).Info("CSIStorageCapacity deleted", "csiStorageCapacity", klog.KObj(o), "storageClass", it.class, "segment", it.segment)
 	c.q.Q.Add(it)
 }
@@ -320,7 +323,7 @@ func (c *Controller) resyncTopology(ctx context.Context) {
 	for _, n := range c.topo.nodeNames() {
 		names[n] = true
 	}
-	for n := range names {
+	for _, n := range slices.Sorted(maps.Keys(names)) {
 		c.updateNode(logger, n)
 	}
 }

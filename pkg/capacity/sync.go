@@ -85,19 +85,26 @@ func (c *Controller) upToDate(it workItem, o *storagev1.CSIStorageCapacity) bool
 }
 
 // forgetObject drops what the controller remembers of a deleted object.
-func (c *Controller) forgetObject(it workItem, uid types.UID) {
+// It returns false when the item's published object is another one: the
+// deleted one was a duplicate, and the item needs nothing.
+func (c *Controller) forgetObject(it workItem, uid types.UID) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	st := c.items[it]
 	if st == nil {
-		return
+		return true
 	}
 	if st.ahead != nil && st.ahead.obj.UID == uid {
 		st.ahead = nil
 	}
-	if st.publishedUID == uid {
+	switch st.publishedUID {
+	case uid:
 		st.publishedUID, st.published = "", nil
+	case "":
+	default:
+		return false
 	}
+	return true
 }
 
 // objectsOf returns the objects of it: the cached ones, with the
