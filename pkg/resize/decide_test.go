@@ -91,8 +91,12 @@ func TestShouldEnqueue(t *testing.T) {
 		want   bool
 	}{
 		{name: "resync (same resourceVersion)", change: func(*corev1.PersistentVolumeClaim) {}, want: true},
-		{name: "request raised", change: func(p *corev1.PersistentVolumeClaim) { p.Spec.Resources.Requests[corev1.ResourceStorage] = *resourceQ("3Gi") }, want: true},
-		{name: "request lowered (recovery)", change: func(p *corev1.PersistentVolumeClaim) { p.Spec.Resources.Requests[corev1.ResourceStorage] = *resourceQ("1500Mi") }, want: true},
+		{name: "request raised", change: func(p *corev1.PersistentVolumeClaim) {
+			p.Spec.Resources.Requests[corev1.ResourceStorage] = *resourceQ("3Gi")
+		}, want: true},
+		{name: "request lowered (recovery)", change: func(p *corev1.PersistentVolumeClaim) {
+			p.Spec.Resources.Requests[corev1.ResourceStorage] = *resourceQ("1500Mi")
+		}, want: true},
 		{name: "capacity grew (the node finished)", change: func(p *corev1.PersistentVolumeClaim) { p.Status.Capacity[corev1.ResourceStorage] = *resourceQ("2Gi") }, want: true},
 		{name: "bound", change: func(p *corev1.PersistentVolumeClaim) { p.Status.Phase = corev1.ClaimLost }, want: true},
 		{name: "resize status changed by kubelet", change: allocated("2Gi", corev1.PersistentVolumeClaimNodeResizeInfeasible), want: true},

@@ -104,10 +104,12 @@ func TestResize(t *testing.T) {
 			wantEvents: []string{eventResize, eventDone},
 		},
 		{
-			name:   "OUT_OF_RANGE → ControllerResizeError with the driver's message, ControllerResizeInfeasible, final",
-			caps:   expandCaps,
-			objs:   []runtime.Object{claim("c", "2Gi", "1Gi"), volume("c", "1Gi")},
-			answer: func(*csi.ControllerExpandVolumeRequest) (*csi.ControllerExpandVolumeResponse, error) { return nil, outOfRange },
+			name: "OUT_OF_RANGE → ControllerResizeError with the driver's message, ControllerResizeInfeasible, final",
+			caps: expandCaps,
+			objs: []runtime.Object{claim("c", "2Gi", "1Gi"), volume("c", "1Gi")},
+			answer: func(*csi.ControllerExpandVolumeRequest) (*csi.ControllerExpandVolumeResponse, error) {
+				return nil, outOfRange
+			},
 			wantActions: []apiAction{
 				claimStatusPatch("c", inProgressPatch("2Gi", timeJSON)),
 				claimStatusPatch("c", `{"metadata":{"resourceVersion":"RV"},"status":{"allocatedResourceStatuses":{"storage":"ControllerResizeInfeasible"},"conditions":[`+
