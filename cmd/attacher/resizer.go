@@ -1,7 +1,6 @@
 package main
 
 import (
-	"errors"
 	"flag"
 	"fmt"
 	"time"
@@ -35,10 +34,6 @@ func (c *resizerConfig) validate(cfg *config) error {
 		return fmt.Errorf("--workers=%d is more than 10000", c.workers)
 	case c.resyncPeriod < 0:
 		return fmt.Errorf("--resync-period must not be negative, not %s", c.resyncPeriod)
-	case cfg.nodeDeployment:
-		// Every node's sidecar would expand every claim of the driver
-		// through a driver that knows only its own node's pools.
-		return errors.New("--controllers=resizer does not run with --node-deployment: run it once for the cluster, next to a driver that serves every pool")
 	}
 	return nil
 }
@@ -54,6 +49,12 @@ func buildResizer(d *deps) (*runner, error) {
 	if resync == 0 {
 		resync = d.cfg.resync
 	}
+	var node string
+	if d.cfg.nodeDeployment {
+		// Only the volumes of this node's pools: the driver next to it
+		// knows no others.
+		node = d.cfg.nodeName
+	}
 	c, err := resize.New(resize.Config{
 		DriverName:                d.driver,
 		Client:                    d.client,
@@ -66,6 +67,7 @@ func buildResizer(d *deps) (*runner, error) {
 		HandleVolumeInUseError:    rc.handleVolumeInUseError,
 		AnnotatePreResizeCapacity: d.cfg.compat.featureGates.fg.Enabled("AnnotateFsResize"),
 		Registerer:                d.registry,
+		NodeName:                  node,
 	})
 	if err != nil {
 		return nil, err

@@ -29,7 +29,8 @@ const (
 	// affinity (which topology segment a volume uses).
 	PVCapacity
 	// PVResize: the CSI source, capacity, storage class, claim reference,
-	// access modes, volume mode, mount options, phase and annotations.
+	// access modes, volume mode, mount options, node affinity, phase and
+	// annotations.
 	PVResize
 )
 

@@ -47,7 +47,7 @@ func StripPV(obj any, fields PVFields) (any, error) {
 		spec.Capacity = pv.Spec.Capacity
 		spec.StorageClassName = pv.Spec.StorageClassName
 	}
-	if fields&PVCapacity != 0 {
+	if fields&(PVCapacity|PVResize) != 0 {
 		spec.NodeAffinity = pv.Spec.NodeAffinity
 	}
 	var status corev1.PersistentVolumeStatus

@@ -80,6 +80,10 @@ type Config struct {
 	AnnotatePreResizeCapacity bool
 	// Registerer receives the controller's metrics. Optional.
 	Registerer prometheus.Registerer
+	// NodeName, when set, limits the controller to the volumes whose node
+	// affinity admits that node (--node-deployment: one sidecar per node,
+	// next to a driver that serves only that node's pools).
+	NodeName string
 }
 
 // Validate reports the first field of c that cannot work.

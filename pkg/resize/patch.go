@@ -121,17 +121,20 @@ func (c *Controller) patchVolume(ctx context.Context, pv *corev1.PersistentVolum
 	return nil
 }
 
-// dropPreResizeAnnotation removes the pre-resize capacity annotation from
-// pv once the claim's capacity has caught up with the volume's: the node
-// has grown the filesystem.
-func (c *Controller) dropPreResizeAnnotation(ctx context.Context, pvc *corev1.PersistentVolumeClaim, pv *corev1.PersistentVolume) error {
+// preResizeCaughtUp tells whether pv has the pre-resize capacity
+// annotation and the claim's capacity has caught up with the volume's: the
+// node has grown the filesystem, and the annotation can go.
+func preResizeCaughtUp(pvc *corev1.PersistentVolumeClaim, pv *corev1.PersistentVolume) bool {
 	if _, ok := pv.Annotations[PreResizeCapacityAnnotation]; !ok {
-		return nil
+		return false
 	}
 	claimCap, volumeCap := pvc.Status.Capacity[corev1.ResourceStorage], pv.Spec.Capacity[corev1.ResourceStorage]
-	if claimCap.Cmp(volumeCap) < 0 {
-		return nil
-	}
+	return claimCap.Cmp(volumeCap) >= 0
+}
+
+// dropPreResizeAnnotation removes the pre-resize capacity annotation from
+// pv.
+func (c *Controller) dropPreResizeAnnotation(ctx context.Context, pv *corev1.PersistentVolume) error {
 	if err := c.patchVolume(ctx, pv, removePreResizePatch()); err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("remove annotation %s from PersistentVolume %s: %w", PreResizeCapacityAnnotation, pv.Name, err)
 	}

@@ -54,11 +54,20 @@ func (c *Controller) sync(ctx context.Context, key string) error {
 	logger := klog.LoggerWithValues(klog.FromContext(ctx), "persistentVolumeClaim", klog.KObj(pvc), "persistentVolume", klog.KObj(pv))
 	ctx = klog.NewContext(ctx, logger)
 
-	if err := c.dropPreResizeAnnotation(ctx, pvc, pv); err != nil {
+	dropAnnotation, resize := preResizeCaughtUp(pvc, pv), needsResize(pvc)
+	if !dropAnnotation && !resize {
+		logger.V(5).Info("Claim needs no expansion")
+		return nil
+	}
+	if mine, err := c.onThisNode(ctx, pv); err != nil || !mine {
 		return err
 	}
-	if !needsResize(pvc) {
-		logger.V(5).Info("Claim needs no expansion")
+	if dropAnnotation {
+		if err := c.dropPreResizeAnnotation(ctx, pv); err != nil {
+			return err
+		}
+	}
+	if !resize {
 		return nil
 	}
 	if ref := pv.Spec.ClaimRef; ref == nil || ref.Namespace != pvc.Namespace || ref.UID != pvc.UID {

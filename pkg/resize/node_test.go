@@ -1,0 +1,98 @@
+package resize
+
+import (
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+)
+
+const zoneKey = "topology.loopvol.csi.io/zone"
+
+func inZone(zones ...string) func(*corev1.PersistentVolume) {
+	return func(pv *corev1.PersistentVolume) {
+		pv.Spec.NodeAffinity = &corev1.VolumeNodeAffinity{Required: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
+			MatchExpressions: []corev1.NodeSelectorRequirement{{Key: zoneKey, Operator: corev1.NodeSelectorOpIn, Values: zones}},
+		}}}}
+	}
+}
+
+func nodeObj(name string, labels map[string]string) *corev1.Node {
+	return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels}}
+}
+
+// TestNodeDeployment: with a node name, only the volumes whose node
+// affinity admits the node are expanded; the rest, and volumes without
+// node affinity, are left to their own node's controller.
+func TestNodeDeployment(t *testing.T) {
+	nodes := []runtime.Object{
+		nodeObj("node-a", map[string]string{zoneKey: "node-a"}),
+		nodeObj("node-b", map[string]string{zoneKey: "node-b"}),
+	}
+	tests := []struct {
+		name      string
+		node      string
+		pv        *corev1.PersistentVolume
+		wantCalls int
+		wantGet   bool
+	}{
+		{name: "the volume's node → expanded", node: "node-a", pv: volume("c", "1Gi", inZone("node-a")), wantCalls: 1, wantGet: true},
+		{name: "another node's volume → left alone", node: "node-b", pv: volume("c", "1Gi", inZone("node-a")), wantGet: true},
+		{name: "no node affinity → left alone, node not read", node: "node-a", pv: volume("c", "1Gi")},
+		{name: "not per node → every volume", pv: volume("c", "1Gi", inZone("node-b")), wantCalls: 1},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			objs := append([]runtime.Object{claim("c", "2Gi", "1Gi"), tc.pv}, nodes...)
+			f := newFixture(t, expandCaps, objs, func(c *Config) { c.NodeName = tc.node })
+			f.queueAll()
+			f.drain()
+			if err := f.errs[0]; err != nil {
+				t.Fatalf("sync: %v", err)
+			}
+			acts := f.actions()
+			if got := len(acts) > 0 && acts[0] == get("nodes", "", tc.node); got != tc.wantGet {
+				t.Errorf("read the Node first: %v, want %v (actions %+v)", got, tc.wantGet, acts)
+			}
+			if n := len(f.csi.takeCalls()); n != tc.wantCalls {
+				t.Errorf("%d driver calls, want %d", n, tc.wantCalls)
+			}
+		})
+	}
+}
+
+func TestAffinityAdmits(t *testing.T) {
+	node := nodeObj("n1", map[string]string{zoneKey: "z1", "gen": "5"})
+	req := func(key string, op corev1.NodeSelectorOperator, v ...string) corev1.NodeSelectorRequirement {
+		return corev1.NodeSelectorRequirement{Key: key, Operator: op, Values: v}
+	}
+	tests := []struct {
+		name  string
+		terms []corev1.NodeSelectorTerm
+		want  bool
+	}{
+		{name: "In", terms: []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{req(zoneKey, corev1.NodeSelectorOpIn, "z0", "z1")}}}, want: true},
+		{name: "In, other value", terms: []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{req(zoneKey, corev1.NodeSelectorOpIn, "z2")}}}},
+		{name: "NotIn", terms: []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{req(zoneKey, corev1.NodeSelectorOpNotIn, "z1")}}}},
+		{name: "DoesNotExist", terms: []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{req("gpu", corev1.NodeSelectorOpDoesNotExist)}}}, want: true},
+		{name: "Gt", terms: []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{req("gen", corev1.NodeSelectorOpGt, "4")}}}, want: true},
+		{name: "requirements of a term are ANDed", terms: []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{
+			req(zoneKey, corev1.NodeSelectorOpIn, "z1"), req("gen", corev1.NodeSelectorOpLt, "5"),
+		}}}},
+		{name: "terms are ORed", terms: []corev1.NodeSelectorTerm{
+			{MatchExpressions: []corev1.NodeSelectorRequirement{req(zoneKey, corev1.NodeSelectorOpIn, "z9")}},
+			{MatchFields: []corev1.NodeSelectorRequirement{req("metadata.name", corev1.NodeSelectorOpIn, "n1")}},
+		}, want: true},
+		{name: "unknown field", terms: []corev1.NodeSelectorTerm{{MatchFields: []corev1.NodeSelectorRequirement{req("spec.unschedulable", corev1.NodeSelectorOpIn, "n1")}}}},
+		{name: "empty term selects nothing", terms: []corev1.NodeSelectorTerm{{}}},
+		{name: "bad operator", terms: []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{req(zoneKey, "Near", "z1")}}}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := affinityAdmits(&corev1.NodeSelector{NodeSelectorTerms: tc.terms}, node); got != tc.want {
+				t.Errorf("affinityAdmits = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
