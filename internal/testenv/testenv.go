@@ -139,9 +139,13 @@ type Env struct {
 	Config *rest.Config
 	// Client is a clientset for Config.
 	Client kubernetes.Interface
+	// AuditLogPath is kube-apiserver's audit log (JSON lines), with
+	// Options.AuditLog; else empty.
+	AuditLogPath string
 
 	te         *envtest.Environment
 	kubeconfig []byte
+	auditDir   string
 	output     *tail
 	watchdog   *watchdog
 
@@ -162,6 +166,30 @@ var setLogger = sync.OnceFunc(func() { ctrllog.SetLogger(klog.NewKlogr()) })
 // needed, typically after m.Run in TestMain. Most tests want [Start] or
 // [Shared] instead.
 func Launch() (env *Env, stop func() error, err error) {
+	return LaunchWith(Options{})
+}
+
+// Options change how the control plane starts.
+type Options struct {
+	// AuditLog makes kube-apiserver write an audit log (Metadata level: who
+	// did what to which resource, and the response code) to
+	// Env.AuditLogPath, for tests of what each component really calls.
+	// Off by default: it costs the API server time on every request, which
+	// the benchmarks would measure.
+	AuditLog bool
+}
+
+// auditPolicy logs every request once (when its response is complete) at
+// Metadata level: user, verb, resource, subresource, namespace, code.
+const auditPolicy = `apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: ["RequestReceived"]
+rules:
+  - level: Metadata
+`
+
+// LaunchWith is [Launch] with options.
+func LaunchWith(opts Options) (env *Env, stop func() error, err error) {
 	bin, err := BinDir()
 	if err != nil {
 		return nil, nil, err
@@ -196,19 +224,43 @@ func Launch() (env *Env, stop func() error, err error) {
 		te.ControlPlane.Etcd.Out, te.ControlPlane.Etcd.Err = out, out
 	}
 
+	var auditDir string
+	if opts.AuditLog {
+		auditDir, err = os.MkdirTemp("", "loopvol-audit-")
+		if err != nil {
+			return nil, nil, fmt.Errorf("testenv: audit log directory: %w", err)
+		}
+		policy := filepath.Join(auditDir, "policy.yaml")
+		if err := os.WriteFile(policy, []byte(auditPolicy), 0o600); err != nil {
+			return nil, nil, fmt.Errorf("testenv: audit policy: %w", err)
+		}
+		args := te.ControlPlane.GetAPIServer().Configure()
+		args.Set("audit-policy-file", policy)
+		args.Set("audit-log-path", filepath.Join(auditDir, "audit.log"))
+		args.Set("audit-log-format", "json")
+		args.Set("audit-log-mode", "blocking")
+	}
+
 	if _, err := te.Start(); err != nil {
 		stopErr := te.Stop()
 		return nil, nil, errors.Join(
 			fmt.Errorf("testenv: starting kube-apiserver and etcd from %s: %w%s", bin, err, out.report()),
 			stopErr)
 	}
-	e := &Env{Config: te.Config, te: te, kubeconfig: te.KubeConfig, output: out}
+	e := &Env{Config: te.Config, te: te, kubeconfig: te.KubeConfig, output: out, auditDir: auditDir}
+	if auditDir != "" {
+		e.AuditLogPath = filepath.Join(auditDir, "audit.log")
+	}
 	// Claimed before anything below can fail, so that every exit stops it.
-	e.watchdog = startWatchdog([]string{apiserverPath, etcdPath}, []string{
+	dirs := []string{
 		te.ControlPlane.APIServer.CertDir,
 		te.ControlPlane.Etcd.DataDir,
 		te.WebhookInstallOptions.LocalServingCertDir,
-	})
+	}
+	if auditDir != "" {
+		dirs = append(dirs, auditDir)
+	}
+	e.watchdog = startWatchdog([]string{apiserverPath, etcdPath}, dirs)
 	client, err := kubernetes.NewForConfig(te.Config)
 	if err != nil {
 		return nil, nil, errors.Join(fmt.Errorf("testenv: clientset: %w", err), e.Stop())
@@ -242,6 +294,9 @@ func (e *Env) Stop() error {
 		// Only now: had the test binary died during te.Stop, the watchdog
 		// would still have finished the job.
 		e.watchdog.stop()
+		if e.auditDir != "" {
+			e.stopErr = errors.Join(e.stopErr, os.RemoveAll(e.auditDir))
+		}
 		if e.stopErr != nil {
 			e.stopErr = fmt.Errorf("%w%s", e.stopErr, e.output.report())
 		}
@@ -327,6 +382,10 @@ func (e *Env) Namespace(tb testing.TB) string {
 // Starting on first use means that `go test -run` of tests that need no
 // control plane, and packages on a clone without bin/, pay nothing.
 type Shared struct {
+	// Options are how the control plane starts; set them before the first
+	// Env.
+	Options Options
+
 	once sync.Once
 	mu   sync.Mutex
 	env  *Env
@@ -339,7 +398,7 @@ func (s *Shared) Env(tb testing.TB) *Env {
 	tb.Helper()
 	SkipIfNoBinaries(tb)
 	s.once.Do(func() {
-		env, _, err := Launch()
+		env, _, err := LaunchWith(s.Options)
 		s.mu.Lock()
 		s.env, s.err = env, err
 		s.mu.Unlock()

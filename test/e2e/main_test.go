@@ -31,7 +31,8 @@ import (
 	"github.com/loopvol/loopvol/test/internal/driverproc"
 )
 
-var cluster testenv.Shared
+// cluster has an audit log: zz_rbac_test.go checks every call the components made.
+var cluster = testenv.Shared{Options: testenv.Options{AuditLog: true}}
 
 func TestMain(m *testing.M) {
 	code := cluster.Run(m)
