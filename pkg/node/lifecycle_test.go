@@ -362,3 +362,23 @@ func TestStatsAndHealth(t *testing.T) {
 		}
 	}
 }
+
+// TestSELinuxMountOption: with CSIDriver seLinuxMount, kubelet stages a
+// volume with context="<the Pod's label>", whose category list has a comma
+// inside the quotes. It is one option and reaches the staging mount
+// verbatim (so the filesystem is mounted with the Pod's label, not
+// relabelled file by file), and the publish bind mount is of that mount.
+func TestSELinuxMountOption(t *testing.T) {
+	const context = `context="system_u:object_r:container_file_t:s0:c12,c731"`
+	f := newFixture(t)
+	id := f.volume("vol", pool.AccessMount, "ext4", pool.Attachment{Node: testNode})
+	c := mountCap("ext4", snsw, context)
+	stage, publish := f.stageAndPublish(id, c, "pod1")
+	mps := f.mountsAt(stage.StagingTargetPath)
+	if len(mps) != 1 || !slices.Contains(mps[0].Opts, context) {
+		t.Fatalf("staging mounts = %+v, want one mount with the option %s", mps, context)
+	}
+	if mps := f.mountsAt(publish.TargetPath); len(mps) != 1 || !slices.Contains(mps[0].Opts, "bind") {
+		t.Errorf("target mounts = %+v, want one bind mount", mps)
+	}
+}

@@ -337,7 +337,7 @@ func checkCapability(vc *csi.VolumeCapability) (capability, error) {
 			return c, kindf(errInvalid, "volume_capability.mount.fs_type %q is not supported (ext4 or xfs)", m.GetFsType())
 		}
 		for _, f := range m.GetMountFlags() {
-			if f == "" || strings.ContainsAny(f, "\x00,") {
+			if !singleMountOption(f) {
 				return c, kindf(errInvalid, "volume_capability.mount.mount_flags: %q is not a single mount option", f)
 			}
 		}
@@ -351,4 +351,26 @@ func checkCapability(vc *csi.VolumeCapability) (capability, error) {
 		return c, kindf(errInvalid, "volume_capability has neither block nor mount access type")
 	}
 	return c, nil
+}
+
+// singleMountOption tells whether f is exactly one mount option: not empty,
+// no NUL, and no comma outside a double-quoted value. The quotes matter:
+// kubelet's SELinux mount option (CSIDriver seLinuxMount) is
+// context="system_u:object_r:container_file_t:s0:c1,c2", one option whose
+// category list has a comma, which the kernel's option parser keeps
+// together because of the quotes.
+func singleMountOption(f string) bool {
+	if f == "" || strings.ContainsRune(f, 0) {
+		return false
+	}
+	quoted := false
+	for _, r := range f {
+		switch {
+		case r == '"':
+			quoted = !quoted
+		case r == ',' && !quoted:
+			return false
+		}
+	}
+	return !quoted
 }

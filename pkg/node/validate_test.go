@@ -100,6 +100,8 @@ func TestRequestValidation(t *testing.T) {
 		{name: "stage: no access type → invalid", call: stage(a, staging, noAccessType), want: codes.InvalidArgument},
 		{name: "stage: btrfs → invalid", call: stage(a, staging, mountCap("btrfs", snw)), want: codes.InvalidArgument},
 		{name: "stage: comma in mount flag → invalid", call: stage(a, staging, mountCap("", snw, "ro,exec")), want: codes.InvalidArgument},
+		{name: "stage: comma after a quoted value → invalid", call: stage(a, staging, mountCap("", snw, `context="a:b:c:s0",exec`)), want: codes.InvalidArgument},
+		{name: "stage: unbalanced quote → invalid", call: stage(a, staging, mountCap("", snw, `context="a:b:c:s0:c1,c2`)), want: codes.InvalidArgument},
 		{name: "stage: multi-node writer mount → invalid", call: stage(a, staging, mountCap("", mnmw)), want: codes.InvalidArgument},
 		{name: "stage: block capability on a mount volume → invalid", call: stage(a, staging, blockCap(snw)), want: codes.InvalidArgument},
 		{name: "stage: mount capability on a block volume → invalid", call: stage(blockVol.String(), staging, good), want: codes.InvalidArgument},
