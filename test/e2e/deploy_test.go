@@ -84,44 +84,18 @@ func (w *warnings) take() []string {
 func TestDeployApplies(t *testing.T) {
 	env := cluster.Env(t)
 	_, ctx := contextFor(t)
-	cfg := rest.CopyConfig(env.Config)
-	cfg.QPS, cfg.Burst = 500, 1000
-	warn := &warnings{}
-	cfg.WarningHandler = warn
-	dyn, err := dynamic.NewForConfig(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	disc, err := discovery.NewDiscoveryClientForConfig(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	mapper := restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(disc))
-
+	a := newApplier(t, env.Config)
 	for _, dir := range deployDirs {
 		t.Run(dir, func(t *testing.T) {
 			objs := renderDeploy(t, dir)
-			resource := func(o *unstructured.Unstructured) dynamic.ResourceInterface {
-				t.Helper()
-				gvk := o.GroupVersionKind()
-				m, err := mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
-				if err != nil {
-					t.Fatalf("%s %s: %v", gvk, o.GetName(), err)
-				}
-				if m.Scope.Name() == meta.RESTScopeNameNamespace {
-					return dyn.Resource(m.Resource).Namespace(o.GetNamespace())
-				}
-				return dyn.Resource(m.Resource)
-			}
 			t.Cleanup(func() {
 				ctx := context.WithoutCancel(ctx)
 				for _, o := range slices.Backward(objs) {
 					if o.GetKind() == "Namespace" {
 						continue
 					}
-					err := resource(o).Delete(ctx, o.GetName(), metav1.DeleteOptions{})
-					if err != nil && !apierrors.IsNotFound(err) {
-						t.Errorf("cleanup: delete %s %s: %v", o.GetKind(), o.GetName(), err)
+					if err := a.delete(ctx, o); err != nil {
+						t.Errorf("cleanup: %v", err)
 					}
 				}
 			})
@@ -129,19 +103,14 @@ func TestDeployApplies(t *testing.T) {
 				t.Helper()
 				versions := map[string]string{}
 				for _, o := range objs {
-					data, err := o.MarshalJSON()
-					if err != nil {
-						t.Fatal(err)
-					}
-					out, err := resource(o).Patch(ctx, o.GetName(), types.ApplyPatchType, data,
-						metav1.PatchOptions{FieldManager: "loopvol-deploy", Force: ptrTo(false)})
 					key := fmt.Sprintf("%s %s/%s", o.GetKind(), o.GetNamespace(), o.GetName())
+					out, err := a.apply(ctx, o)
 					if err != nil {
 						t.Fatalf("apply %d of %s: %s: %v", round, dir, key, err)
 					}
 					versions[key] = out.GetResourceVersion()
 				}
-				if w := warn.take(); len(w) > 0 {
+				if w := a.warnings.take(); len(w) > 0 {
 					t.Errorf("apply %d of %s: the API server warned:\n%s", round, dir, strings.Join(w, "\n"))
 				}
 				return versions
@@ -156,6 +125,72 @@ func TestDeployApplies(t *testing.T) {
 			t.Logf("%s: %d objects applied twice, no warning, nothing changed the second time", dir, len(objs))
 		})
 	}
+}
+
+// applier applies rendered objects with server-side apply, as
+// `kubectl apply --server-side` does, and collects the API server's
+// warnings.
+type applier struct {
+	t        *testing.T
+	dyn      dynamic.Interface
+	mapper   meta.RESTMapper
+	warnings *warnings
+}
+
+func newApplier(t *testing.T, base *rest.Config) *applier {
+	t.Helper()
+	cfg := rest.CopyConfig(base)
+	cfg.QPS, cfg.Burst = 500, 1000
+	a := &applier{t: t, warnings: &warnings{}}
+	cfg.WarningHandler = a.warnings
+	dyn, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	disc, err := discovery.NewDiscoveryClientForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.dyn = dyn
+	a.mapper = restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(disc))
+	return a
+}
+
+func (a *applier) resource(o *unstructured.Unstructured) (dynamic.ResourceInterface, error) {
+	gvk := o.GroupVersionKind()
+	m, err := a.mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+	if err != nil {
+		return nil, fmt.Errorf("%s %s: %w", gvk, o.GetName(), err)
+	}
+	if m.Scope.Name() == meta.RESTScopeNameNamespace {
+		return a.dyn.Resource(m.Resource).Namespace(o.GetNamespace()), nil
+	}
+	return a.dyn.Resource(m.Resource), nil
+}
+
+// apply applies o (field manager loopvol-deploy, no forced conflicts).
+func (a *applier) apply(ctx context.Context, o *unstructured.Unstructured) (*unstructured.Unstructured, error) {
+	res, err := a.resource(o)
+	if err != nil {
+		return nil, err
+	}
+	data, err := o.MarshalJSON()
+	if err != nil {
+		return nil, err
+	}
+	return res.Patch(ctx, o.GetName(), types.ApplyPatchType, data, metav1.PatchOptions{FieldManager: "loopvol-deploy", Force: ptrTo(false)})
+}
+
+// delete deletes o; it is not an error when o is gone.
+func (a *applier) delete(ctx context.Context, o *unstructured.Unstructured) error {
+	res, err := a.resource(o)
+	if err != nil {
+		return err
+	}
+	if err := res.Delete(ctx, o.GetName(), metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("delete %s %s: %w", o.GetKind(), o.GetName(), err)
+	}
+	return nil
 }
 
 func ptrTo[T any](v T) *T { return &v }
