@@ -15,6 +15,9 @@ type resizerConfig struct {
 	// --worker-threads and --resync; zero means "as those".
 	workers      int
 	resyncPeriod time.Duration
+	// extraModifyMetadata is accepted for external-resizer manifests; the
+	// modify controller it configures is not part of this sidecar.
+	extraModifyMetadata bool
 }
 
 // addFlags declares the resizer controller's flags.
@@ -23,6 +26,7 @@ func (c *resizerConfig) addFlags(fs *flag.FlagSet) {
 		"do not call it again while a pod that has not ended uses the claim (the pods of the claim's namespace are listed for such claims only).")
 	fs.IntVar(&c.workers, "workers", 0, "Resizer: number of claims expanded at once (external-resizer's name). 0 means --worker-threads.")
 	fs.DurationVar(&c.resyncPeriod, "resync-period", 0, "Resizer: how often every claim is looked at again (external-resizer's name). 0 means --resync.")
+	fs.BoolVar(&c.extraModifyMetadata, "extra-modify-metadata", false, "Accepted for external-resizer manifests and ignored: it configures external-resizer's VolumeAttributesClass modify controller, which this sidecar does not have.")
 }
 
 // validate checks the resizer controller's flags; called only when it runs.

@@ -208,6 +208,9 @@ type fixture struct {
 	registry *prometheus.Registry
 	c        *Controller
 	errs     []error // what each sync returned
+	// writes are the objects the controller's patches produced, in order,
+	// not yet delivered to the cache.
+	writes []runtime.Object
 }
 
 type fixtureOption func(*Config)
@@ -216,7 +219,6 @@ func newFixture(t *testing.T, caps csiclient.Capabilities, objs []runtime.Object
 	t.Helper()
 	_, ctx := ktesting.NewTestContext(t)
 	client := fake.NewClientset(objs...)
-	withResourceVersions(client)
 	f := &fixture{
 		t:        t,
 		ctx:      ctx,
@@ -225,6 +227,7 @@ func newFixture(t *testing.T, caps csiclient.Capabilities, objs []runtime.Object
 		recorder: record.NewFakeRecorder(100),
 		registry: prometheus.NewRegistry(),
 	}
+	withResourceVersions(client, func(o runtime.Object) { f.writes = append(f.writes, o.DeepCopyObject()) })
 	cfg := Config{
 		DriverName:                driver,
 		Client:                    client,
@@ -279,11 +282,28 @@ func (f *fixture) queueAll() {
 	}
 }
 
-// observe plays the watch: every claim and volume that differs between the
-// fake API server and the cache is copied into the cache, and the claim
-// handler is called as an informer calls it.
+// observe plays the watch: first each object the controller's patches
+// produced, in order, one event each (a watch delivers every version);
+// then every claim and volume that still differs between the fake API
+// server and the cache (changed by the test). Claim handlers are called as
+// an informer calls them.
 func (f *fixture) observe() {
 	f.t.Helper()
+	writes := f.writes
+	f.writes = nil
+	for _, o := range writes {
+		switch o := o.(type) {
+		case *corev1.PersistentVolumeClaim:
+			old, exists, _ := f.c.pvcInformer.GetIndexer().Get(o)
+			_ = f.c.pvcInformer.GetIndexer().Update(o)
+			if exists {
+				f.c.claimUpdated(old, o)
+			}
+		case *corev1.PersistentVolume:
+			out, _ := kube.StripPV(o, kube.PVResize)
+			_ = f.c.pvInformer.GetIndexer().Update(out)
+		}
+	}
 	pvcs, err := f.client.Tracker().List(corev1.SchemeGroupVersion.WithResource("persistentvolumeclaims"), corev1.SchemeGroupVersion.WithKind("PersistentVolumeClaim"), "")
 	if err != nil {
 		f.t.Fatal(err)
@@ -428,10 +448,10 @@ func diff[T any](t *testing.T, what string, want, got T) {
 }
 
 // withResourceVersions makes the fake clientset hand out a new
-// resourceVersion on every write and honour a resourceVersion precondition
-// in merge patches, as a real API server does (the fake keeps them as
-// given).
-func withResourceVersions(client *fake.Clientset) {
+// resourceVersion on every merge patch and honour a resourceVersion
+// precondition in it, as a real API server does (the fake keeps them as
+// given). Each patched object is passed to written.
+func withResourceVersions(client *fake.Clientset, written func(runtime.Object)) {
 	var mu sync.Mutex
 	next := 100
 	react := k8stesting.ObjectReaction(client.Tracker())
@@ -463,7 +483,11 @@ func withResourceVersions(client *fake.Clientset) {
 		next++
 		md["resourceVersion"] = strconv.Itoa(next)
 		pa.Patch, _ = json.Marshal(p)
-		return react(pa)
+		handled, out, err := react(pa)
+		if err == nil && out != nil {
+			written(out)
+		}
+		return handled, out, err
 	})
 }
 

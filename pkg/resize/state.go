@@ -1,6 +1,7 @@
 package resize
 
 import (
+	"slices"
 	"sync"
 
 	"k8s.io/apimachinery/pkg/util/resourceversion"
@@ -11,11 +12,13 @@ import (
 // correctness after a restart: it only saves API reads and driver calls.
 type claimState struct {
 	mu sync.Mutex
-	// written is the resourceVersion of the controller's last write of a
-	// claim or (keyed "pv/<name>") a volume: a cached copy older than it
-	// has not seen that write yet, and an update event that brings exactly
-	// it is the controller's own write coming back.
-	written map[string]string
+	// written holds the resourceVersions of the controller's last writes
+	// of a claim or (keyed "pv/<name>") a volume, oldest first: a cached
+	// copy older than the last has not seen that write yet, and an update
+	// event that brings one of them is the controller's own write coming
+	// back. One sync writes a claim up to twice before the watch delivers
+	// the first, so more than the last one is kept.
+	written map[string][]string
 	// finalError holds the claims whose last driver call ended in a final
 	// error: the driver is certainly not working on it any more, so the
 	// claim's (possibly lowered) request may be tried instead.
@@ -31,24 +34,31 @@ type claimState struct {
 }
 
 func newClaimState() *claimState {
-	return &claimState{written: map[string]string{}, finalError: map[string]bool{}, inUse: map[string]bool{}, live: map[string]bool{}}
+	return &claimState{written: map[string][]string{}, finalError: map[string]bool{}, inUse: map[string]bool{}, live: map[string]bool{}}
 }
 
 func pvKey(name string) string { return "pv/" + name }
 
+// keptWrites bounds how many of its own writes of one object the
+// controller recognises.
+const keptWrites = 4
+
 func (s *claimState) recordWrite(key, rv string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.written[key] = rv
+	w := append(s.written[key], rv)
+	if len(w) > keptWrites {
+		w = w[len(w)-keptWrites:]
+	}
+	s.written[key] = w
 }
 
-// ownWrite tells whether rv is the version the controller's last write of
-// key produced.
+// ownWrite tells whether rv is a version one of the controller's recent
+// writes of key produced.
 func (s *claimState) ownWrite(key, rv string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	w, ok := s.written[key]
-	return ok && w == rv
+	return slices.Contains(s.written[key], rv)
 }
 
 // readLive records that the next sync of key must read it from the API
@@ -64,17 +74,17 @@ func (s *claimState) readLive(key string) {
 // (once). Versions that do not compare are never stale.
 func (s *claimState) stale(key, rv string) bool {
 	s.mu.Lock()
-	w, ok := s.written[key]
+	w := s.written[key]
 	if s.live[key] {
 		delete(s.live, key)
 		s.mu.Unlock()
 		return true
 	}
 	s.mu.Unlock()
-	if !ok {
+	if len(w) == 0 {
 		return false
 	}
-	cmp, err := resourceversion.CompareResourceVersion(rv, w)
+	cmp, err := resourceversion.CompareResourceVersion(rv, w[len(w)-1])
 	return err == nil && cmp < 0
 }
 
