@@ -129,6 +129,9 @@ type workItem struct {
 	segment string
 }
 
+// String is how logs show an item: "<class>@<segment key>".
+func (w workItem) String() string { return w.class + "@" + w.segment }
+
 // Controller keeps one CSIStorageCapacity object per (StorageClass of the
 // driver, topology segment) up to date. Build it with New, start it with
 // Run.
