@@ -229,9 +229,21 @@ func (c *Controller) processNext(ctx context.Context) bool {
 		c.queue.Q.Add(key) // back in the queue unless it is shutting down
 		return false
 	}
-	err := c.sync(ctx, key)
-	c.queue.Handle(ctx, key, err, err != nil && isFinal(err))
+	c.syncOne(ctx, key)
 	return true
+}
+
+// syncOne syncs key and ends the sync: Queue.Handle forgets its backoff or
+// queues it again, and an update event that arrived during the sync and
+// was not the sync's own write queues it once more.
+func (c *Controller) syncOne(ctx context.Context, key string) error {
+	c.state.begin(key)
+	err := c.sync(ctx, key)
+	if c.state.end(key) {
+		c.queue.Q.Add(key)
+	}
+	c.queue.Handle(ctx, key, err, err != nil && isFinal(err))
+	return err
 }
 
 // permanentError marks an error no retry fixes until something changes

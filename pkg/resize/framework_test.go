@@ -211,6 +211,9 @@ type fixture struct {
 	// writes are the objects the controller's patches produced, in order,
 	// not yet delivered to the cache.
 	writes []runtime.Object
+	// eager: each write is delivered to the cache and the handlers while
+	// the patch call is still running.
+	eager bool
 }
 
 type fixtureOption func(*Config)
@@ -227,7 +230,13 @@ func newFixture(t *testing.T, caps csiclient.Capabilities, objs []runtime.Object
 		recorder: record.NewFakeRecorder(100),
 		registry: prometheus.NewRegistry(),
 	}
-	withResourceVersions(client, func(o runtime.Object) { f.writes = append(f.writes, o.DeepCopyObject()) })
+	withResourceVersions(client, func(o runtime.Object) {
+		f.writes = append(f.writes, o.DeepCopyObject())
+		if f.eager {
+			// The watch delivers the write before the patch call returns.
+			f.observe()
+		}
+	})
 	cfg := Config{
 		DriverName:                driver,
 		Client:                    client,
@@ -339,9 +348,7 @@ func (f *fixture) drain() {
 			return
 		}
 		key, _ := f.c.queue.Q.Get()
-		err := f.c.sync(f.ctx, key)
-		f.errs = append(f.errs, err)
-		f.c.queue.Handle(f.ctx, key, err, err != nil && isFinal(err))
+		f.errs = append(f.errs, f.c.syncOne(f.ctx, key))
 		f.c.queue.Q.Done(key)
 		f.observe()
 	}

@@ -71,9 +71,16 @@ func (c *Controller) claimAdded(obj any) {
 func (c *Controller) claimUpdated(oldObj, newObj any) {
 	old, ok1 := oldObj.(*corev1.PersistentVolumeClaim)
 	pvc, ok2 := newObj.(*corev1.PersistentVolumeClaim)
-	if ok1 && ok2 && c.shouldEnqueue(old, pvc) {
-		c.queue.Q.Add(claimKey(pvc))
+	if !ok1 || !ok2 || !c.shouldEnqueue(old, pvc) {
+		return
 	}
+	key := claimKey(pvc)
+	if old.ResourceVersion != pvc.ResourceVersion && c.state.deferEvent(key, pvc.ResourceVersion) {
+		// Decided when the sync ends: it may be the sync's own write,
+		// whose resourceVersion it does not know yet.
+		return
+	}
+	c.queue.Q.Add(key)
 }
 
 // shouldEnqueue tells whether an update of a claim may need a sync. Most

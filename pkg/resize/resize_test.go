@@ -264,36 +264,43 @@ func TestResize(t *testing.T) {
 		},
 	}
 	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			var opts []fixtureOption
-			if tc.noAnnotate {
-				opts = append(opts, func(c *Config) { c.AnnotatePreResizeCapacity = false })
+		for _, eager := range []bool{false, true} {
+			name := tc.name
+			if eager {
+				name += " (watch faster than the patch response)"
 			}
-			f := newFixture(t, tc.caps, tc.objs, opts...)
-			f.csi.answer, f.csi.nodeExpand = tc.answer, tc.nodeExpand
-			f.queueAll()
-			f.drain()
-			// One sync: the controller's own writes coming back did not
-			// queue the claim again.
-			if len(f.errs) != 1 {
-				t.Fatalf("%d syncs, want 1 (own writes must not queue the claim): %v", len(f.errs), f.errs)
-			}
-			err := f.errs[0]
-			gotErr := ""
-			if err != nil {
-				gotErr = err.Error()
-			}
-			diff(t, "sync error", tc.wantErr, gotErr)
-			if err != nil && isFinal(err) != tc.wantFinal {
-				t.Errorf("isFinal(%v) = %v, want %v", err, isFinal(err), tc.wantFinal)
-			}
-			diff(t, "API actions", tc.wantActions, f.actions())
-			diff(t, "driver calls", tc.wantCalls, f.csi.takeCalls())
-			diff(t, "events", tc.wantEvents, f.events())
-			pvc := f.pvc("c")
-			diff(t, "conditions", tc.wantConditions, conditionTypes(pvc))
-			diff(t, "allocatedResourceStatuses", tc.wantStatus, pvc.Status.AllocatedResourceStatuses[corev1.ResourceStorage])
-		})
+			t.Run(name, func(t *testing.T) {
+				var opts []fixtureOption
+				if tc.noAnnotate {
+					opts = append(opts, func(c *Config) { c.AnnotatePreResizeCapacity = false })
+				}
+				f := newFixture(t, tc.caps, tc.objs, opts...)
+				f.eager = eager
+				f.csi.answer, f.csi.nodeExpand = tc.answer, tc.nodeExpand
+				f.queueAll()
+				f.drain()
+				// One sync: the controller's own writes coming back did not
+				// queue the claim again.
+				if len(f.errs) != 1 {
+					t.Fatalf("%d syncs, want 1 (own writes must not queue the claim): %v", len(f.errs), f.errs)
+				}
+				err := f.errs[0]
+				gotErr := ""
+				if err != nil {
+					gotErr = err.Error()
+				}
+				diff(t, "sync error", tc.wantErr, gotErr)
+				if err != nil && isFinal(err) != tc.wantFinal {
+					t.Errorf("isFinal(%v) = %v, want %v", err, isFinal(err), tc.wantFinal)
+				}
+				diff(t, "API actions", tc.wantActions, f.actions())
+				diff(t, "driver calls", tc.wantCalls, f.csi.takeCalls())
+				diff(t, "events", tc.wantEvents, f.events())
+				pvc := f.pvc("c")
+				diff(t, "conditions", tc.wantConditions, conditionTypes(pvc))
+				diff(t, "allocatedResourceStatuses", tc.wantStatus, pvc.Status.AllocatedResourceStatuses[corev1.ResourceStorage])
+			})
+		}
 	}
 }
 

@@ -31,10 +31,15 @@ type claimState struct {
 	// server: a write of the controller's failed on a conflict, so the
 	// cache may be behind someone else's write.
 	live map[string]bool
+	// inFlight holds the claims being synced, each with the
+	// resourceVersions of the update events that arrived meanwhile and
+	// would queue it unless they are the sync's own writes: the watch may
+	// deliver a write before the patch call returns its resourceVersion.
+	inFlight map[string][]string
 }
 
 func newClaimState() *claimState {
-	return &claimState{written: map[string][]string{}, finalError: map[string]bool{}, inUse: map[string]bool{}, live: map[string]bool{}}
+	return &claimState{written: map[string][]string{}, finalError: map[string]bool{}, inUse: map[string]bool{}, live: map[string]bool{}, inFlight: map[string][]string{}}
 }
 
 func pvKey(name string) string { return "pv/" + name }
@@ -59,6 +64,41 @@ func (s *claimState) ownWrite(key, rv string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return slices.Contains(s.written[key], rv)
+}
+
+// begin records that a sync of key starts.
+func (s *claimState) begin(key string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.inFlight[key] = nil
+}
+
+// deferEvent holds back an update event (its resourceVersion rv) of a claim
+// being synced, and tells whether it did.
+func (s *claimState) deferEvent(key, rv string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	events, ok := s.inFlight[key]
+	if ok {
+		s.inFlight[key] = append(events, rv)
+	}
+	return ok
+}
+
+// end records that the sync of key is over, and tells whether an event
+// held back meanwhile was someone else's write (the claim must be synced
+// again).
+func (s *claimState) end(key string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	events := s.inFlight[key]
+	delete(s.inFlight, key)
+	for _, rv := range events {
+		if !slices.Contains(s.written[key], rv) {
+			return true
+		}
+	}
+	return false
 }
 
 // readLive records that the next sync of key must read it from the API

@@ -40,7 +40,12 @@ const (
 // request. The sidecar runs with only rbac-resizer.yaml's rules.
 func TestResize(t *testing.T) {
 	r := newRig(t)
-	s := r.startSidecar("resizer", r.restrictedKubeconfig("loopvol-resizer-"+r.id, metav1.NamespaceDefault, "rbac-resizer.yaml"), "--controllers=resizer")
+	// A final error waits 32 × --retry-interval-start before its retry
+	// (at most --retry-interval-max, 5m): with 10s, far longer than the
+	// test, so exactly one call fails OUT_OF_RANGE unless something queues
+	// the claim again behind the backoff.
+	s := r.startSidecar("resizer", r.restrictedKubeconfig("loopvol-resizer-"+r.id, metav1.NamespaceDefault, "rbac-resizer.yaml"),
+		"--controllers=resizer", "--retry-interval-start=10s")
 	v := r.createVolumes("rs", 1)[0]
 	claimName := r.createBoundClaim(v)
 
@@ -96,12 +101,10 @@ func TestResize(t *testing.T) {
 
 	m := r.scrape(s.metrics)
 	expectCount(t, "resizer expansions", m.value("loopvol_resizer_resizes_total", nil), 2)
-	if n := m.value("loopvol_resizer_resize_errors_total", map[string]string{"grpc_status_code": "OutOfRange"}); n < 1 {
-		t.Errorf("resizer OUT_OF_RANGE errors: %g, want at least 1", n)
-	}
-	if n := m.sidecarCalls(methodExpand, "OK"); n != 2 {
-		t.Errorf("ControllerExpandVolume OK calls of the sidecar: %g, want 2 (%s)", n, m.byLabel("csi_sidecar_operations_seconds", "grpc_status_code"))
-	}
+	expectCount(t, "resizer OUT_OF_RANGE errors", m.value("loopvol_resizer_resize_errors_total", map[string]string{"grpc_status_code": "OutOfRange"}), 1)
+	expectCount(t, "ControllerExpandVolume OK calls of the sidecar", m.sidecarCalls(methodExpand, "OK"), 2)
+	expectCount(t, "ControllerExpandVolume OUT_OF_RANGE calls of the sidecar (no retry behind the backoff)", m.sidecarCalls(methodExpand, "OutOfRange"), 1)
+	expectCount(t, "ControllerExpandVolume calls the driver answered", r.scrape(r.driverMetrics).driverCalls(methodExpand, ""), 3)
 
 	// A resizer dies while expanding to 80 MiB; the user raises the request
 	// to 96 MiB meanwhile. Its successor finishes the 80 MiB first (the
