@@ -249,8 +249,9 @@ func (c *csiNodeController) sync(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("read CSINode %s: %w", c.node, err)
 	}
-	for try := 0; ; try++ {
-		patch := entryPatch(node, want)
+	retried := false
+	for {
+		patch, removal := entryPatch(node, want)
 		if patch == nil {
 			logger.V(4).Info("CSINode entry is up to date", "csiNode", klog.KObj(node), "entry", describeEntry(&want))
 			return nil
@@ -260,16 +261,22 @@ func (c *csiNodeController) sync(ctx context.Context) error {
 			old = &node.Spec.Drivers[i]
 		}
 		logger.V(5).Info("Patching CSINode", "csiNode", klog.KObj(node), "patch", string(patch))
-		_, err := c.client.StorageV1().CSINodes().Patch(ctx, c.node, types.JSONPatchType, patch, metav1.PatchOptions{})
-		if err == nil {
+		out, err := c.client.StorageV1().CSINodes().Patch(ctx, c.node, types.JSONPatchType, patch, metav1.PatchOptions{})
+		switch {
+		case err == nil && removal:
+			logger.V(2).Info("Removed the driver's CSINode entry to add it anew: its node ID or topology keys changed, which the API allows only that way",
+				"csiNode", klog.KObj(node), "from", describeEntry(old), "to", describeEntry(&want))
+			node = out
+			continue
+		case err == nil:
 			logger.V(2).Info("Updated the driver's CSINode entry", "csiNode", klog.KObj(node), "from", describeEntry(old), "to", describeEntry(&want))
 			return nil
-		}
-		if try > 0 {
+		case retried:
 			return fmt.Errorf("patch CSINode %s: %w", c.node, err)
 		}
 		// A failed test op (the cached copy was stale) or a deletion:
 		// read it again and retry once; a second failure backs off.
+		retried = true
 		live, gerr := c.client.StorageV1().CSINodes().Get(ctx, c.node, metav1.GetOptions{})
 		switch {
 		case apierrors.IsNotFound(gerr):

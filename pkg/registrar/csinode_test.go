@@ -223,18 +223,32 @@ func TestSync(t *testing.T) {
 			wantDrivers: []storagev1.CSINodeDriver{otherDriver, ours(3)},
 		},
 		{
-			name:        "a new limit → the entry replaced at its index",
+			name:        "a new limit → only the entry's allocatable set",
 			drv:         newFakeDriver(5),
 			objs:        []runtime.Object{nodeObj(), csiNodeObj("5", otherDriver, ours(3))},
-			want:        []apiAction{patch(`[{"op":"test","path":"/spec/drivers/1/name","value":"loopvol.csi.io"},{"op":"replace","path":"/spec/drivers/1","value":` + entryJSON(ours(5)) + `}]`)},
+			want:        []apiAction{patch(`[{"op":"test","path":"/spec/drivers/1/name","value":"loopvol.csi.io"},{"op":"add","path":"/spec/drivers/1/allocatable","value":{"count":5}}]`)},
 			wantDrivers: []storagev1.CSINodeDriver{otherDriver, ours(5)},
 		},
 		{
 			name:        "limit 0 → allocatable removed",
 			drv:         newFakeDriver(0),
 			objs:        []runtime.Object{nodeObj(), csiNodeObj("5", ours(3))},
-			want:        []apiAction{patch(`[{"op":"test","path":"/spec/drivers/0/name","value":"loopvol.csi.io"},{"op":"replace","path":"/spec/drivers/0","value":` + entryJSON(ours(0)) + `}]`)},
+			want:        []apiAction{patch(`[{"op":"test","path":"/spec/drivers/0/name","value":"loopvol.csi.io"},{"op":"remove","path":"/spec/drivers/0/allocatable"}]`)},
 			wantDrivers: []storagev1.CSINodeDriver{ours(0)},
+		},
+		{
+			name: "a new node ID → the entry removed, then added anew",
+			drv:  newFakeDriver(3),
+			objs: []runtime.Object{nodeObj(), func() *storagev1.CSINode {
+				old := ours(3)
+				old.NodeID = "old-id"
+				return csiNodeObj("5", old, otherDriver)
+			}()},
+			want: []apiAction{
+				patch(`[{"op":"test","path":"/spec/drivers/0/name","value":"loopvol.csi.io"},{"op":"remove","path":"/spec/drivers/0"}]`),
+				patch(`[{"op":"test","path":"/metadata/resourceVersion","value":"5"},{"op":"add","path":"/spec/drivers/-","value":` + entryJSON(ours(3)) + `}]`),
+			},
+			wantDrivers: []storagev1.CSINodeDriver{otherDriver, ours(3)},
 		},
 		{
 			name:        "entry up to date → no write",

@@ -70,35 +70,50 @@ func findEntry(node *storagev1.CSINode, driver string) int {
 	return slices.IndexFunc(node.Spec.Drivers, func(d storagev1.CSINodeDriver) bool { return d.Name == driver })
 }
 
-// entryPatch is the JSON patch that makes want the entry of its driver in
-// node, or nil when node has it already. Other drivers' entries are never
-// part of the patch:
-//   - an entry of the driver at index i is replaced after a test that index
-//     i still holds that driver, so a list reordered meanwhile fails the
-//     patch instead of overwriting another driver's entry;
+// entryPatch is the next JSON patch that brings node's entry of want's
+// driver to want, or nil when node has it already. Other drivers' entries
+// are never part of a patch, and every patch tests what it relies on, so a
+// stale copy of node makes it fail instead of writing over someone else's
+// change:
 //   - a missing entry is appended after a test of node's resourceVersion,
-//     so the entry is never added twice, and an empty list is only
-//     replaced while it is still empty.
-func entryPatch(node *storagev1.CSINode, want storagev1.CSINodeDriver) []byte {
+//     so it is never added twice, and an empty list is only set while it
+//     is still empty;
+//   - an entry whose count differs gets only its allocatable changed, after
+//     a test that its index still holds the driver;
+//   - an entry whose node ID or topology keys differ is removed (after the
+//     same test): the API server refuses any other change of an entry than
+//     its allocatable, so the entry is removed and then, by the next patch,
+//     added again. Kubelet has the same order: it deregisters the driver
+//     before it registers it anew. The next patch is for the node the
+//     removal returned.
+func entryPatch(node *storagev1.CSINode, want storagev1.CSINodeDriver) (patch []byte, removal bool) {
 	i := findEntry(node, want.Name)
-	if i >= 0 {
-		if sameEntry(node.Spec.Drivers[i], want) {
-			return nil
+	if i < 0 {
+		ops := []kube.JSONPatchOp{{Op: "test", Path: "/metadata/resourceVersion", Value: kube.MustJSON(node.ResourceVersion)}}
+		if len(node.Spec.Drivers) == 0 {
+			// The list may be null, which "add .../-" cannot append to.
+			ops = append(ops, kube.JSONPatchOp{Op: "add", Path: "/spec/drivers", Value: kube.MustJSON([]storagev1.CSINodeDriver{want})})
+		} else {
+			ops = append(ops, kube.JSONPatchOp{Op: "add", Path: "/spec/drivers/-", Value: kube.MustJSON(want)})
 		}
-		path := fmt.Sprintf("/spec/drivers/%d", i)
-		return kube.MustJSON([]kube.JSONPatchOp{
-			{Op: "test", Path: path + "/name", Value: kube.MustJSON(want.Name)},
-			{Op: "replace", Path: path, Value: kube.MustJSON(want)},
-		})
+		return kube.MustJSON(ops), false
 	}
-	ops := []kube.JSONPatchOp{{Op: "test", Path: "/metadata/resourceVersion", Value: kube.MustJSON(node.ResourceVersion)}}
-	if len(node.Spec.Drivers) == 0 {
-		// The list may be null, which "add .../-" cannot append to.
-		ops = append(ops, kube.JSONPatchOp{Op: "add", Path: "/spec/drivers", Value: kube.MustJSON([]storagev1.CSINodeDriver{want})})
-	} else {
-		ops = append(ops, kube.JSONPatchOp{Op: "add", Path: "/spec/drivers/-", Value: kube.MustJSON(want)})
+	have := node.Spec.Drivers[i]
+	if sameEntry(have, want) {
+		return nil, false
 	}
-	return kube.MustJSON(ops)
+	path := fmt.Sprintf("/spec/drivers/%d", i)
+	test := kube.JSONPatchOp{Op: "test", Path: path + "/name", Value: kube.MustJSON(want.Name)}
+	withCount := have.DeepCopy()
+	withCount.Allocatable = want.Allocatable
+	if !sameEntry(*withCount, want) {
+		return kube.MustJSON([]kube.JSONPatchOp{test, {Op: "remove", Path: path}}), true
+	}
+	if count(want) == nil {
+		return kube.MustJSON([]kube.JSONPatchOp{test, {Op: "remove", Path: path + "/allocatable"}}), false
+	}
+	// "add" sets a member whether or not it exists.
+	return kube.MustJSON([]kube.JSONPatchOp{test, {Op: "add", Path: path + "/allocatable", Value: kube.MustJSON(want.Allocatable)}}), false
 }
 
 // describeEntry is an entry for a log line.

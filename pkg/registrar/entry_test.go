@@ -95,19 +95,35 @@ func TestEntryPatch(t *testing.T) {
 		return &storagev1.CSINode{ObjectMeta: metav1.ObjectMeta{Name: testNode, ResourceVersion: "42"},
 			Spec: storagev1.CSINodeSpec{Drivers: drivers}}
 	}
-	stale := *want.DeepCopy()
-	stale.Allocatable.Count = ptr.To[int32](1)
+	newCount := *want.DeepCopy()
+	newCount.Allocatable.Count = ptr.To[int32](1)
+	noCount := *want.DeepCopy()
+	noCount.Allocatable = nil
+	moved := *want.DeepCopy()
+	moved.NodeID = "old-id"
 	const entry = `{"name":"loopvol.csi.io","nodeID":"id","topologyKeys":["k"],"allocatable":{"count":3}}`
 	tests := []struct {
-		name string
-		node *storagev1.CSINode
-		want string
+		name        string
+		node        *storagev1.CSINode
+		want        string
+		wantRemoval bool
 	}{
 		{name: "up to date → no patch", node: csiNode(other, want), want: ""},
 		{
-			name: "stale entry after another driver's → replaced at its index after a name test",
-			node: csiNode(other, stale),
-			want: `[{"op":"test","path":"/spec/drivers/1/name","value":"loopvol.csi.io"},{"op":"replace","path":"/spec/drivers/1","value":` + entry + `}]`,
+			name: "another count → only allocatable set, after a name test at the index",
+			node: csiNode(other, newCount),
+			want: `[{"op":"test","path":"/spec/drivers/1/name","value":"loopvol.csi.io"},{"op":"add","path":"/spec/drivers/1/allocatable","value":{"count":3}}]`,
+		},
+		{
+			name: "a count where there is none → allocatable set",
+			node: csiNode(noCount, other),
+			want: `[{"op":"test","path":"/spec/drivers/0/name","value":"loopvol.csi.io"},{"op":"add","path":"/spec/drivers/0/allocatable","value":{"count":3}}]`,
+		},
+		{
+			name:        "another node ID → the entry removed, to be added anew (the API allows no other way)",
+			node:        csiNode(other, moved),
+			want:        `[{"op":"test","path":"/spec/drivers/1/name","value":"loopvol.csi.io"},{"op":"remove","path":"/spec/drivers/1"}]`,
+			wantRemoval: true,
 		},
 		{
 			name: "no entry → appended after a resourceVersion test",
@@ -122,9 +138,15 @@ func TestEntryPatch(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := string(entryPatch(tc.node, want)); got != tc.want {
-				t.Errorf("patch\n got %s\nwant %s", got, tc.want)
+			got, removal := entryPatch(tc.node, want)
+			if string(got) != tc.want || removal != tc.wantRemoval {
+				t.Errorf("patch (removal %t)\n got %s\nwant %s (removal %t)", removal, got, tc.want, tc.wantRemoval)
 			}
 		})
+	}
+	// No limit wanted, one there: allocatable removed.
+	got, _ := entryPatch(csiNode(want), noCount)
+	if w := `[{"op":"test","path":"/spec/drivers/0/name","value":"loopvol.csi.io"},{"op":"remove","path":"/spec/drivers/0/allocatable"}]`; string(got) != w {
+		t.Errorf("removing the count:\n got %s\nwant %s", got, w)
 	}
 }
