@@ -38,7 +38,7 @@ const (
 	// kubeletRegistrationPath is the driver socket as kubelet would see it;
 	// the registrar only hands it on.
 	kubeletRegistrationPath = "/var/lib/kubelet/plugins/loopvol.csi.io/csi.sock"
-	registrarTopologyKey                 = "topology.loopvol.csi.io/zone"
+	registrarTopologyKey    = "topology.loopvol.csi.io/zone"
 )
 
 // registrarRig is a rig with a plugin registration directory.
