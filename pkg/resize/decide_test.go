@@ -87,10 +87,11 @@ func TestShouldEnqueue(t *testing.T) {
 	tests := []struct {
 		name   string
 		change func(*corev1.PersistentVolumeClaim)
+		sameRV bool
 		own    bool
 		want   bool
 	}{
-		{name: "resync (same resourceVersion)", change: func(*corev1.PersistentVolumeClaim) {}, want: true},
+		{name: "resync (same resourceVersion)", change: func(*corev1.PersistentVolumeClaim) {}, sameRV: true, want: true},
 		{name: "request raised", change: func(p *corev1.PersistentVolumeClaim) {
 			p.Spec.Resources.Requests[corev1.ResourceStorage] = *resourceQ("3Gi")
 		}, want: true},
@@ -109,7 +110,7 @@ func TestShouldEnqueue(t *testing.T) {
 			f := newFixture(t, expandCaps, nil)
 			old, pvc := base.DeepCopy(), base.DeepCopy()
 			tc.change(pvc)
-			if !equalRV(tc.name) {
+			if !tc.sameRV {
 				pvc.ResourceVersion = "2"
 			}
 			if tc.own {
@@ -121,5 +122,3 @@ func TestShouldEnqueue(t *testing.T) {
 		})
 	}
 }
-
-func equalRV(name string) bool { return name == "resync (same resourceVersion)" }
