@@ -90,17 +90,17 @@ func (r *registration) GetInfo(ctx context.Context, _ *registerapi.InfoRequest) 
 // in a loop while the cause lasts).
 func (r *registration) NotifyRegistrationStatus(ctx context.Context, st *registerapi.RegistrationStatus) (*registerapi.RegistrationStatusResponse, error) {
 	logger := klog.FromContext(ctx)
+	failure := ""
+	if !st.GetPluginRegistered() {
+		failure = st.GetError()
+		if failure == "" {
+			failure = "kubelet gave no reason"
+		}
+	}
 	r.mu.Lock()
 	was := r.confirmed
 	r.confirmed = st.GetPluginRegistered()
-	if r.confirmed {
-		r.failure = ""
-	} else {
-		r.failure = st.GetError()
-		if r.failure == "" {
-			r.failure = "kubelet gave no reason"
-		}
-	}
+	r.failure = failure
 	if was != r.confirmed || !r.confirmed {
 		r.since = time.Now()
 	}
@@ -115,7 +115,7 @@ func (r *registration) NotifyRegistrationStatus(ctx context.Context, st *registe
 			r.onRegistered()
 		}
 	} else {
-		logger.Error(errors.New(st.GetError()), "Kubelet failed to register the driver; the registration socket will be created again to retry", "socket", r.path)
+		logger.Error(errors.New(failure), "Kubelet failed to register the driver; the registration socket will be created again to retry", "socket", r.path)
 	}
 	select {
 	case r.kicked <- struct{}{}:
