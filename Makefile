@@ -65,3 +65,33 @@ bench: build tools ##@ Benchmarks that print figures (see docs/benchmarks.md).
 
 clean: ##@ Remove built binaries (not the tools cache) and _run.
 	rm -rf $(BIN)/driver $(BIN)/attacher $(RUN)
+
+# Images (docs/images.md). `images` builds them without Docker, from Debian
+# packages (apt) and the static binaries; `image` builds the same with Docker.
+STATIC := $(BIN)/static
+IMAGE_REPO ?= localhost/loopvol
+IMAGE_TAG ?= $(VERSION)
+IMAGES_OUT := $(CURDIR)/_output/images
+IMAGES_CACHE ?= $(HOME)/.cache/loopvol
+IMAGES_CREATED := $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
+DOCKER ?= docker
+
+.PHONY: static images image
+
+static: ##@ Static binaries for the images: bin/static/driver, bin/static/attacher (CGO_ENABLED=0).
+	@echo "### static"
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(STATIC)/driver ./cmd/driver
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(STATIC)/attacher ./cmd/attacher
+
+images: static ##@ OCI images without Docker: _output/images/<image>/ (layout) and <image>.tar (ctr images import).
+	@echo "### images"
+	$(GO) -C hack/images build -o $(BIN)/images .
+	$(BIN)/images -bin $(STATIC) -out $(IMAGES_OUT) -cache $(IMAGES_CACHE) -repo $(IMAGE_REPO) \
+		-tag $(IMAGE_TAG) -tag dev -created $(IMAGES_CREATED)
+
+image: ##@ The same images with Docker (where a Docker engine runs): loopvol-node, loopvol-controller.
+	@echo "### image"
+	for i in loopvol-node loopvol-controller; do \
+		$(DOCKER) build --build-arg VERSION=$(VERSION) --target $$i \
+			-t $(IMAGE_REPO)/$$i:$(IMAGE_TAG) -t $(IMAGE_REPO)/$$i:dev . || exit 1; \
+	done

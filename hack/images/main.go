@@ -1,0 +1,129 @@
+// Command images builds loopvol's container images without Docker, as OCI
+// image layouts and OCI archives that `ctr images import` reads. The node
+// image's root filesystem is unpacked from Debian packages that apt
+// downloads (and keeps in a cache); the binaries are the static ones that
+// `make static` builds. The Dockerfile at the top of the repository is the
+// same recipe for Docker. docs/images.md tells more.
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+)
+
+func main() {
+	if err := run(os.Args[1:]); err != nil {
+		fmt.Fprintln(os.Stderr, "images:", err)
+		os.Exit(1)
+	}
+}
+
+// tags collects repeated -tag flags.
+type tags []string
+
+func (t *tags) String() string     { return strings.Join(*t, ",") }
+func (t *tags) Set(v string) error { *t = append(*t, v); return nil }
+
+func run(args []string) error {
+	home, _ := os.UserHomeDir()
+	fs := flag.NewFlagSet("images", flag.ContinueOnError)
+	binDir := fs.String("bin", "", "Directory of the static binaries driver and attacher (required).")
+	out := fs.String("out", "_output/images", "Directory that receives <image>/ (OCI layout) and <image>.tar (OCI archive).")
+	cache := fs.String("cache", filepath.Join(home, ".cache", "loopvol"), "Cache directory: debs/ (downloaded packages) and layers/ (built layers).")
+	repo := fs.String("repo", "localhost/loopvol", "Repository the images are named in: <repo>/<image>:<tag>.")
+	created := fs.String("created", "0", "Creation time of the images in seconds since the epoch (e.g. the commit's), so that builds repeat bit for bit.")
+	only := fs.String("images", "", "Comma-separated images to build (default: all).")
+	var tagList tags
+	fs.Var(&tagList, "tag", "Tag of the images; repeat for more (default: dev). The first is also the version label.")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *binDir == "" {
+		return fmt.Errorf("-bin is required")
+	}
+	if len(tagList) == 0 {
+		tagList = tags{"dev"}
+	}
+	secs, err := strconv.ParseInt(*created, 10, 64)
+	if err != nil {
+		return fmt.Errorf("-created: %w", err)
+	}
+	want := map[string]bool{}
+	for _, n := range strings.Split(*only, ",") {
+		if n != "" {
+			want[n] = true
+		}
+	}
+
+	logf := func(format string, args ...any) { fmt.Printf(format+"\n", args...) }
+	b := &builder{
+		apt:     &apt{cacheDir: filepath.Join(*cache, "debs"), resolvedDir: filepath.Join(*cache, "resolved"), log: logf},
+		layers:  &layerCache{dir: filepath.Join(*cache, "layers")},
+		binDir:  *binDir,
+		created: time.Unix(secs, 0).UTC(),
+		version: tagList[0],
+		log:     logf,
+	}
+	if err := os.MkdirAll(*out, 0o755); err != nil {
+		return err
+	}
+	for _, r := range recipes {
+		if len(want) > 0 && !want[r.name] {
+			continue
+		}
+		delete(want, r.name)
+		start := time.Now()
+		img, err := b.image(r)
+		if err != nil {
+			return fmt.Errorf("%s: %w", r.name, err)
+		}
+		var refs []string
+		for _, t := range tagList {
+			refs = append(refs, *repo+"/"+r.name+":"+t)
+		}
+		dir := filepath.Join(*out, r.name)
+		wrote, err := writeOCI(dir, index(img, refs))
+		if err != nil {
+			return fmt.Errorf("%s: %w", r.name, err)
+		}
+		digest, err := img.Digest()
+		if err != nil {
+			return err
+		}
+		size, err := imageSize(img)
+		if err != nil {
+			return err
+		}
+		state := "up to date"
+		if wrote {
+			state = "written"
+		}
+		logf("%s: %s %s, %.1f MiB compressed, %s in %s: %s, %s.tar",
+			r.name, digest, strings.Join(refs, " "), float64(size)/(1<<20), state,
+			time.Since(start).Round(10*time.Millisecond), dir, dir)
+	}
+	for n := range want {
+		return fmt.Errorf("no image %q", n)
+	}
+	return nil
+}
+
+// imageSize adds up the compressed sizes of the image's layers.
+func imageSize(img v1.Image) (int64, error) {
+	m, err := img.Manifest()
+	if err != nil {
+		return 0, err
+	}
+	var n int64
+	for _, l := range m.Layers {
+		n += l.Size
+	}
+	return n, nil
+}

@@ -1,0 +1,95 @@
+package main
+
+import "embed"
+
+// rootfs holds the files that recipes copy into images as they are.
+//
+//go:embed rootfs
+var rootfs embed.FS
+
+// recipe is what goes into one image. The Dockerfile says the same in its
+// stage of the same name; dockerfile_test.go holds the two to each other.
+type recipe struct {
+	// name is the image's name and the Dockerfile stage that builds it.
+	name string
+	// from is the image the Dockerfile stage starts from.
+	from string
+	// packages are the Debian packages the Dockerfile stage installs
+	// (apt-get install --no-install-recommends); the Go recipe installs them
+	// and everything they depend on.
+	packages []string
+	// tree is a directory under rootfs/ that both recipes copy to /.
+	tree string
+	// binaries are the static binaries (bin/static/<src>) and where they go.
+	binaries []placement
+	// user runs the entrypoint ("" is root).
+	user string
+	// entrypoint is the image's ENTRYPOINT.
+	entrypoint []string
+	// base stands in for the Dockerfile's FROM image, for what the packages
+	// need of it without saying so.
+	base base
+}
+
+// placement puts a binary into an image.
+type placement struct {
+	src string // file name in the binaries directory
+	dst string // absolute path in the image
+}
+
+// base is what a Go recipe adds itself because the Dockerfile's FROM image
+// already has it: Debian's essential packages need not be named in
+// Depends, and the files that maintainer scripts (which the Go recipe never
+// runs) would create, such as /etc/passwd.
+type base struct {
+	// packages are installed with their dependencies before the recipe's.
+	packages []string
+	// tree is a directory under rootfs/ copied to /.
+	tree string
+	// env is the image's environment (the FROM image's ENV).
+	env []string
+}
+
+// debianPath is the PATH of Debian's images.
+const debianPath = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+// recipes are the images, in the order they are built.
+var recipes = []recipe{
+	{
+		// The node plugin: the driver runs mount-utils (mount, umount,
+		// blkid, fsck, mkfs.ext4, mkfs.xfs, blockdev, resize2fs, xfs_growfs)
+		// and e2fsck and resize2fs itself (pkg/node).
+		name:       "loopvol-node",
+		from:       "debian:bookworm-slim",
+		packages:   []string{"util-linux", "mount", "e2fsprogs", "xfsprogs"},
+		binaries:   []placement{{src: "driver", dst: "/driver"}},
+		entrypoint: []string{"/driver"},
+		base: base{
+			// base-files: the root's directories and /etc/os-release.
+			// dash: /bin/sh, which fsck.xfs (a shell script) needs.
+			packages: []string{"base-files", "dash"},
+			tree:     "node-base",
+			env:      []string{debianPath},
+		},
+	},
+	{
+		// The controller plugin and the sidecar: static binaries only, no
+		// shell, not root.
+		name: "loopvol-controller",
+		from: "scratch",
+		tree: "controller",
+		binaries: []placement{
+			{src: "driver", dst: "/driver"},
+			{src: "attacher", dst: "/attacher"},
+		},
+		user:       "65532:65532",
+		entrypoint: []string{"/driver"},
+	},
+}
+
+// nodeCommands are the programs the node plugin runs (pkg/node and the
+// k8s.io/mount-utils calls it makes); the node image must run each.
+var nodeCommands = []string{
+	"mount", "umount", "blkid", "blockdev", "fsck", "fsck.ext4", "fsck.xfs",
+	"mkfs.ext4", "mkfs.xfs", "e2fsck", "resize2fs", "xfs_growfs",
+}
