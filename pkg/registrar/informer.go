@@ -14,10 +14,9 @@ import (
 
 // namedInformer is an informer over the one object called name: its list
 // and watch carry the field selector metadata.name=name, so a registrar on
-// each node caches its own CSINode, not every node's, and RBAC can limit
-// the CSIDriver rule to the driver's own object (resourceNames applies to
-// such a list or watch). Handlers still check the name: a fake clientset
-// ignores field selectors.
+// each node caches its own CSINode, not every node's (and RBAC could limit
+// a rule to that name: resourceNames applies to such a list or watch).
+// Handlers still check the name: a fake clientset ignores field selectors.
 func namedInformer(client kube.Client, example runtime.Object, name string,
 	list func(context.Context, metav1.ListOptions) (runtime.Object, error),
 	watchFunc func(context.Context, metav1.ListOptions) (watch.Interface, error)) cache.SharedIndexInformer {
