@@ -80,6 +80,10 @@ var fromCode = map[string][]apiCall{
 		{verb: "get", resource: "secrets", namespaced: true},
 		{verb: "patch", resource: "persistentvolumeclaims", subresource: "status", namespaced: true},
 		{verb: "patch", resource: "persistentvolumes"},
+		// --handle-volume-inuse-error lists the claim's Pods after a
+		// FAILED_PRECONDITION; --node-deployment reads its Node.
+		{verb: "list", resource: "pods", namespaced: true},
+		{verb: "get", resource: "nodes"},
 	},
 }
 
