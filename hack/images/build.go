@@ -12,6 +12,7 @@ import (
 	"path"
 	"path/filepath"
 	"runtime"
+	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -120,12 +121,15 @@ func (b *builder) filesLayer(r recipe) (*cachedLayer, string, error) {
 	for _, p := range pkgs {
 		fmt.Fprintf(key, "deb %s %s %s\n", p.Name, p.Version, p.SHA256)
 	}
+	for _, l := range sortedKeys(r.base.symlinks) {
+		fmt.Fprintf(key, "symlink %s %s\n", l, r.base.symlinks[l])
+	}
 	for _, t := range trees {
 		if err := hashTree(key, t); err != nil {
 			return nil, "", err
 		}
 	}
-	if len(pkgs) == 0 && r.base.tree == "" && r.tree == "" {
+	if len(pkgs) == 0 && r.base.tree == "" && r.tree == "" && len(r.base.symlinks) == 0 {
 		return nil, "", nil
 	}
 	var names []string
@@ -142,7 +146,6 @@ func (b *builder) filesLayer(r recipe) (*cachedLayer, string, error) {
 		if err != nil {
 			return err
 		}
-		dir := b.dirHeader()
 		if len(pkgs) > 0 {
 			for _, d := range mergedUsr {
 				if err := w.add(&tar.Header{Typeflag: tar.TypeSymlink, Name: d, Linkname: "usr/" + d, Mode: 0o777, ModTime: fileTime}, nil, "merged /usr"); err != nil {
@@ -155,6 +158,12 @@ func (b *builder) filesLayer(r recipe) (*cachedLayer, string, error) {
 				return err
 			}
 		}
+		for _, l := range sortedKeys(r.base.symlinks) {
+			h := &tar.Header{Typeflag: tar.TypeSymlink, Name: l, Linkname: r.base.symlinks[l], Mode: 0o777, ModTime: fileTime}
+			if err := w.add(h, nil, "recipe"); err != nil {
+				return err
+			}
+		}
 		for i, p := range pkgs {
 			b.log("%s: unpack %s %s", r.name, p.Name, p.Version)
 			if err := w.addDeb(debs[i], p.Name); err != nil {
@@ -164,7 +173,7 @@ func (b *builder) filesLayer(r recipe) (*cachedLayer, string, error) {
 		// Which packages the image holds, where scanners look in images
 		// without dpkg's database (one control file per package).
 		if len(pkgs) > 0 {
-			if err := w.addParents("var/lib/dpkg/status.d/x", dir); err != nil {
+			if err := w.addParents("var/lib/dpkg/status.d/x"); err != nil {
 				return err
 			}
 		}
@@ -203,9 +212,6 @@ func (b *builder) binariesLayer(r recipe) (*cachedLayer, error) {
 	}
 	l, built, err := b.layers.get(r.name+"-bin-", hex.EncodeToString(key.Sum(nil))[:32], func(w *layerWriter) error {
 		for _, p := range r.binaries {
-			if err := w.addParents(p.dst, b.dirHeader()); err != nil {
-				return err
-			}
 			f, err := os.Open(filepath.Join(b.binDir, p.src))
 			if err != nil {
 				return err
@@ -269,26 +275,6 @@ func (b *builder) addTree(w *layerWriter, tree string) error {
 	})
 }
 
-// addParents writes the directories above name that the layer lacks.
-func (w *layerWriter) addParents(name string, dir tar.Header) error {
-	name = canonical(name)
-	var parents []string
-	for p := path.Dir(name); p != "." && p != "/"; p = path.Dir(p) {
-		parents = append(parents, p)
-	}
-	for i := len(parents) - 1; i >= 0; i-- {
-		if _, ok := w.seen[parents[i]]; ok {
-			continue
-		}
-		h := dir
-		h.Name = parents[i]
-		if err := w.add(&h, nil, "recipe"); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
 // hashTree adds the names and contents of rootfs/<tree> to h.
 func hashTree(h io.Writer, tree string) error {
 	if tree == "" {
@@ -343,4 +329,13 @@ func fileSHA256(p string) (string, error) {
 		return "", err
 	}
 	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+func sortedKeys(m map[string]string) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
 }

@@ -6,6 +6,7 @@ require (
 	github.com/google/go-containerregistry v0.22.1
 	github.com/klauspost/compress v1.19.2
 	github.com/ulikunitz/xz v0.5.17
+	golang.org/x/sys v0.50.0
 )
 
 require (

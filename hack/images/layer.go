@@ -54,8 +54,8 @@ func skipped(name string) bool {
 		_, file, _ := strings.Cut(rest, "/")
 		return file != "" && file != "copyright"
 	}
-	for _, p := range []string{"usr/share/man/", "usr/share/info/", "usr/share/locale/", "usr/share/lintian/"} {
-		if strings.HasPrefix(name, p) {
+	for _, p := range []string{"usr/share/man", "usr/share/info", "usr/share/locale", "usr/share/lintian"} {
+		if name == p || strings.HasPrefix(name, p+"/") {
 			return true
 		}
 	}
@@ -86,10 +86,18 @@ func (w *layerWriter) add(hdr *tar.Header, r io.Reader, src string) error {
 		return nil
 	}
 	if by, ok := w.seen[name]; ok {
+		if by == parentDirs && hdr.Typeflag == tar.TypeDir && (hdr.Mode&0o7777 != 0o755 || hdr.Uid != 0 || hdr.Gid != 0) {
+			return fmt.Errorf("%s: directory %s (mode %o, owner %d:%d) comes after what it holds, which made it 0755 root's", src, name, hdr.Mode, hdr.Uid, hdr.Gid)
+		}
 		if hdr.Typeflag != tar.TypeDir {
 			w.overlaps = append(w.overlaps, fmt.Sprintf("%s (%s, %s)", name, by, src))
 		}
 		return nil
+	}
+	// Directories come before what they hold, whatever order the sources
+	// give (a merged-/usr path can come before usr/ itself).
+	if err := w.addParents(name); err != nil {
+		return err
 	}
 	h := &tar.Header{
 		Typeflag: hdr.Typeflag,
@@ -129,6 +137,30 @@ func (w *layerWriter) add(hdr *tar.Header, r io.Reader, src string) error {
 		}
 	}
 	w.seen[name] = src
+	return nil
+}
+
+// parentDirs is who wrote the directories that addParents makes.
+const parentDirs = "parent directories"
+
+// addParents writes the directories above name that the layer lacks:
+// root's, 0755, at fileTime.
+func (w *layerWriter) addParents(name string) error {
+	name = canonical(name)
+	var parents []string
+	for p := path.Dir(name); p != "." && p != "/"; p = path.Dir(p) {
+		if _, ok := w.seen[p]; ok {
+			break
+		}
+		parents = append(parents, p)
+	}
+	for i := len(parents) - 1; i >= 0; i-- {
+		h := &tar.Header{Typeflag: tar.TypeDir, Name: parents[i] + "/", Mode: 0o755, ModTime: fileTime}
+		if err := w.tw.WriteHeader(h); err != nil {
+			return err
+		}
+		w.seen[parents[i]] = parentDirs
+	}
 	return nil
 }
 

@@ -46,6 +46,9 @@ type base struct {
 	packages []string
 	// tree is a directory under rootfs/ copied to /.
 	tree string
+	// symlinks are the links (path → target) that the Debian image has and
+	// no package ships: debootstrap or maintainer scripts make them.
+	symlinks map[string]string
 	// env is the image's environment (the FROM image's ENV).
 	env []string
 }
@@ -69,7 +72,13 @@ var recipes = []recipe{
 			// dash: /bin/sh, which fsck.xfs (a shell script) needs.
 			packages: []string{"base-files", "dash"},
 			tree:     "node-base",
-			env:      []string{debianPath},
+			symlinks: map[string]string{
+				// e2fsck and resize2fs refuse to work without it.
+				"/etc/mtab": "../proc/self/mounts",
+				// base-files ships a directory; its postinst makes the link.
+				"/var/run": "/run",
+			},
+			env: []string{debianPath},
 		},
 	},
 	{
