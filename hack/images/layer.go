@@ -143,10 +143,9 @@ func (w *layerWriter) add(hdr *tar.Header, r io.Reader, src string) error {
 // parentDirs is who wrote the directories that addParents makes.
 const parentDirs = "parent directories"
 
-// addParents writes the directories above name that the layer lacks:
-// root's, 0755, at fileTime.
+// addParents writes the directories above name (a canonical path) that
+// the layer lacks: root's, 0755, at fileTime.
 func (w *layerWriter) addParents(name string) error {
-	name = canonical(name)
 	var parents []string
 	for p := path.Dir(name); p != "." && p != "/"; p = path.Dir(p) {
 		if _, ok := w.seen[p]; ok {
