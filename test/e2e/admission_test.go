@@ -28,6 +28,8 @@ import (
 	"k8s.io/klog/v2"
 	"k8s.io/klog/v2/ktesting"
 	"k8s.io/utils/ptr"
+	"sigs.k8s.io/kustomize/api/krusty"
+	"sigs.k8s.io/kustomize/kyaml/filesys"
 	"sigs.k8s.io/yaml"
 
 	"github.com/loopvol/loopvol/internal/testenv"
@@ -117,6 +119,7 @@ func newAdmissionRig(t *testing.T) *admissionRig {
 	a.adminName = a.whoAmI(a.admin).Username
 
 	a.load()
+	a.checkServedVersions()
 	a.ensureNamespace()
 	a.apply()
 	a.grantSidecarRBAC()
@@ -194,11 +197,11 @@ func (a *admissionRig) load() {
 	if err := yaml.UnmarshalStrict(data, &kust); err != nil {
 		t.Fatalf("kustomization.yaml: %v", err)
 	}
-	files, err := filepath.Glob(filepath.Join(dir, "*.yaml"))
+	yamls, err := filepath.Glob(filepath.Join(dir, "*.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, f := range files {
+	for _, f := range yamls {
 		if name := filepath.Base(f); name != "kustomization.yaml" && !slices.Contains(kust.Resources, name) {
 			t.Errorf("%s is not among the resources of kustomization.yaml", name)
 		}
@@ -244,6 +247,33 @@ func (a *admissionRig) load() {
 				t.Errorf("%s: %s uses %s; loopvol ships only the GA admissionregistration.k8s.io/v1", file, head.Kind, head.APIVersion)
 			}
 		}
+	}
+
+	// kustomize (as `kubectl apply -k` and the base that includes this
+	// directory use it) renders exactly these objects, the cluster-scoped
+	// ones without a namespace.
+	res, err := krusty.MakeKustomizer(krusty.MakeDefaultOptions()).Run(filesys.MakeFsOnDisk(), dir)
+	if err != nil {
+		t.Fatalf("kustomize build %s: %v", dir, err)
+	}
+	var rendered []string
+	for _, r := range res.Resources() {
+		rendered = append(rendered, r.GetKind()+" "+r.GetNamespace()+"/"+r.GetName())
+	}
+	var files []string
+	if a.params != nil {
+		files = append(files, "ConfigMap "+a.params.Namespace+"/"+a.params.Name)
+	}
+	for _, p := range a.policies {
+		files = append(files, "ValidatingAdmissionPolicy /"+p.Name)
+	}
+	for _, b := range a.bindings {
+		files = append(files, "ValidatingAdmissionPolicyBinding /"+b.Name)
+	}
+	slices.Sort(rendered)
+	slices.Sort(files)
+	if !slices.Equal(rendered, files) {
+		t.Errorf("kustomize renders %q, the files hold %q", rendered, files)
 	}
 
 	if a.params == nil || a.params.Name != admParams || a.params.Namespace != admNamespace {
@@ -292,6 +322,35 @@ func (a *admissionRig) load() {
 	slices.Sort(want)
 	if !slices.Equal(got, want) || len(a.bindings) != len(a.policies) {
 		t.Fatalf("policies %v with %d bindings, want %v with one binding each", got, len(a.bindings), want)
+	}
+}
+
+// checkServedVersions checks what docs/admission.md says: the API server
+// serves ValidatingAdmissionPolicy (and its binding) in
+// admissionregistration.k8s.io/v1, and not in v1alpha1, which (off by
+// default) holds only the alpha MutatingAdmissionPolicy.
+func (a *admissionRig) checkServedVersions() {
+	disc := a.admin.Discovery()
+	v1, err := disc.ServerResourcesForGroupVersion("admissionregistration.k8s.io/v1")
+	if err != nil {
+		a.t.Fatalf("discovery of admissionregistration.k8s.io/v1: %v", err)
+	}
+	for _, want := range []string{"validatingadmissionpolicies", "validatingadmissionpolicybindings"} {
+		if !slices.ContainsFunc(v1.APIResources, func(r metav1.APIResource) bool { return r.Name == want }) {
+			a.t.Errorf("admissionregistration.k8s.io/v1 does not serve %s", want)
+		}
+	}
+	alpha, err := disc.ServerResourcesForGroupVersion("admissionregistration.k8s.io/v1alpha1")
+	switch {
+	case apierrors.IsNotFound(err):
+	case err != nil:
+		a.t.Errorf("discovery of admissionregistration.k8s.io/v1alpha1: %v", err)
+	default:
+		for _, r := range alpha.APIResources {
+			if strings.HasPrefix(r.Name, "validatingadmissionpolic") {
+				a.t.Errorf("admissionregistration.k8s.io/v1alpha1 serves %s", r.Name)
+			}
+		}
 	}
 }
 
