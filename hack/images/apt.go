@@ -24,10 +24,7 @@ type debPackage struct {
 	Filename string // path in the archive's pool; its base is the cache file name
 	SHA256   string
 	Size     string
-	Priority string
-	Provides []string
-	Depends  [][]string // groups of alternatives: Depends and Pre-Depends
-	Stanza   string     // the control stanza, written to var/lib/dpkg/status.d
+	Stanza   string // the control stanza, written to var/lib/dpkg/status.d
 }
 
 // fileName is the name of the package's .deb in the cache.
@@ -45,69 +42,8 @@ type apt struct {
 	log func(format string, args ...any)
 }
 
-// show returns the candidate versions of names. Names without one (virtual
-// packages, names no source knows) are missing from the map.
-func (a *apt) show(names []string) (map[string]*debPackage, error) {
-	out := map[string]*debPackage{}
-	if len(names) == 0 {
-		return out, nil
-	}
-	cmd := exec.Command("apt-cache", append([]string{"show", "--no-all-versions"}, names...)...)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	stdout, err := cmd.Output()
-	// apt-cache exits 100 when one name has no candidate but still prints
-	// the others: judge by what it printed.
-	if err != nil && len(stdout) == 0 && len(names) == 1 {
-		return out, nil
-	}
-	if err != nil && len(stdout) == 0 {
-		// Which one failed? Ask one by one.
-		for _, n := range names {
-			one, err := a.show([]string{n})
-			if err != nil {
-				return nil, err
-			}
-			for k, v := range one {
-				out[k] = v
-			}
-		}
-		return out, nil
-	}
-	for _, stanza := range strings.Split(strings.TrimSpace(string(stdout)), "\n\n") {
-		p, err := parseStanza(stanza)
-		if err != nil {
-			return nil, err
-		}
-		if _, dup := out[p.Name]; !dup {
-			out[p.Name] = p
-		}
-	}
-	return out, nil
-}
-
-// providers lists the real packages that provide a virtual one.
-func (a *apt) providers(name string) ([]string, error) {
-	out, err := exec.Command("apt-cache", "showpkg", name).Output()
-	if err != nil {
-		return nil, fmt.Errorf("apt-cache showpkg %s: %w", name, err)
-	}
-	var names []string
-	in := false
-	for _, line := range strings.Split(string(out), "\n") {
-		switch {
-		case strings.HasPrefix(line, "Reverse Provides:"):
-			in = true
-		case in && strings.TrimSpace(line) != "":
-			names = append(names, strings.Fields(line)[0])
-		}
-	}
-	sort.Strings(names)
-	return uniq(names), nil
-}
-
-// parseStanza reads the fields of one apt-cache show stanza that resolving
-// and downloading need.
+// parseStanza reads the fields of one apt-cache show stanza that
+// downloading needs.
 func parseStanza(stanza string) (*debPackage, error) {
 	fields := map[string]string{}
 	var last string
@@ -130,47 +66,17 @@ func parseStanza(stanza string) (*debPackage, error) {
 		Filename: fields["Filename"],
 		SHA256:   fields["SHA256"],
 		Size:     fields["Size"],
-		Priority: fields["Priority"],
 		Stanza:   stanza,
 	}
 	if p.Name == "" || p.Version == "" || p.Filename == "" || p.SHA256 == "" {
 		return nil, fmt.Errorf("apt-cache show: incomplete stanza %q", firstLine(stanza))
 	}
-	for _, f := range []string{"Pre-Depends", "Depends"} {
-		p.Depends = append(p.Depends, parseDepends(fields[f])...)
-	}
-	for _, alt := range parseDepends(fields["Provides"]) {
-		p.Provides = append(p.Provides, alt...)
-	}
 	return p, nil
 }
 
-// parseDepends splits a dependency field into groups of alternative package
-// names, without versions and architecture qualifiers.
-func parseDepends(field string) [][]string {
-	var groups [][]string
-	for _, group := range strings.Split(field, ",") {
-		var alts []string
-		for _, alt := range strings.Split(group, "|") {
-			alt = strings.TrimSpace(alt)
-			if i := strings.IndexAny(alt, " ("); i >= 0 {
-				alt = alt[:i]
-			}
-			alt, _, _ = strings.Cut(alt, ":")
-			if alt != "" {
-				alts = append(alts, alt)
-			}
-		}
-		if len(alts) > 0 {
-			groups = append(groups, alts)
-		}
-	}
-	return groups
-}
-
 // resolveCached is resolve, remembered for as long as apt's package lists
-// stay the same (until apt-get update brings new ones): asking apt-cache
-// costs about half a second a call.
+// stay the same (until apt-get update brings new ones): asking apt costs
+// seconds.
 func (a *apt) resolveCached(roots []string) ([]*debPackage, error) {
 	key, err := a.listsKey(roots)
 	if err != nil {
@@ -209,7 +115,7 @@ func (a *apt) listsKey(roots []string) (string, error) {
 		return "", fmt.Errorf("apt-config: no Dir::State::lists")
 	}
 	h := sha256.New()
-	fmt.Fprintf(h, "resolve-v1 %s\n", strings.Join(roots, " "))
+	fmt.Fprintf(h, "resolve-v2 %s\n", strings.Join(roots, " "))
 	entries, err := os.ReadDir(lists)
 	if err != nil {
 		return "", err
@@ -254,130 +160,66 @@ func writeFileAtomic(name string, data []byte) error {
 	return os.Rename(f.Name(), name)
 }
 
-// resolve returns roots and everything they depend on (Depends and
-// Pre-Depends, never Recommends), sorted by name, the way apt-get install
-// --no-install-recommends chooses on an empty system: the first alternative
-// that can be installed, unless one already chosen satisfies the group; a
-// virtual package through its only provider.
+// resolve returns roots and everything they depend on, sorted by name: the
+// packages apt-get install --no-install-recommends would install on a
+// system that has none (apt's own choice, simulated against an empty dpkg
+// status), at the versions it would install.
 func (a *apt) resolve(roots []string) ([]*debPackage, error) {
-	chosen := map[string]*debPackage{}
-	provided := map[string]bool{}
-	known := map[string]*debPackage{} // candidates looked up so far
-	missing := map[string]bool{}      // names without a candidate
-	lookup := func(names []string) error {
-		var ask []string
-		for _, n := range names {
-			if known[n] == nil && !missing[n] {
-				ask = append(ask, n)
-			}
-		}
-		got, err := a.show(uniq(ask))
-		if err != nil {
-			return err
-		}
-		for _, n := range ask {
-			if p := got[n]; p != nil {
-				known[n] = p
-			} else {
-				missing[n] = true
-			}
-		}
-		return nil
-	}
-	choose := func(p *debPackage) bool {
-		if chosen[p.Name] != nil {
-			return false
-		}
-		chosen[p.Name] = p
-		provided[p.Name] = true
-		for _, v := range p.Provides {
-			provided[v] = true
-		}
-		return true
-	}
-
-	if err := lookup(roots); err != nil {
+	status, err := os.CreateTemp("", "loopvol-empty-dpkg-status-")
+	if err != nil {
 		return nil, err
 	}
-	var queue []*debPackage
-	for _, r := range roots {
-		p := known[r]
-		if p == nil {
-			return nil, fmt.Errorf("package %s: no candidate version in the apt sources (apt-get update?)", r)
-		}
-		if choose(p) {
-			queue = append(queue, p)
+	status.Close()
+	defer os.Remove(status.Name())
+	args := []string{"--simulate", "-o", "Dir::State::status=" + status.Name(), "-o", "Debug::NoLocking=1",
+		"install", "--no-install-recommends"}
+	cmd := exec.Command("apt-get", append(args, roots...)...)
+	cmd.Env = append(os.Environ(), "LC_ALL=C")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return nil, fmt.Errorf("apt-get install --simulate %s: %w: %s", strings.Join(roots, " "), err, out)
+	}
+	// "Inst name (version suite [arch])"
+	var want []string
+	for _, line := range strings.Split(string(out), "\n") {
+		f := strings.Fields(line)
+		if len(f) >= 3 && f[0] == "Inst" && strings.HasPrefix(f[2], "(") {
+			name, _, _ := strings.Cut(f[1], ":")
+			want = append(want, name+"="+strings.TrimPrefix(f[2], "("))
 		}
 	}
-	for len(queue) > 0 {
-		level := queue
-		queue = nil
-		var names []string
-		for _, p := range level {
-			for _, g := range p.Depends {
-				names = append(names, g...)
-			}
-		}
-		if err := lookup(names); err != nil {
+	if len(want) == 0 {
+		return nil, fmt.Errorf("apt-get install --simulate %s installs nothing: %s", strings.Join(roots, " "), out)
+	}
+	cmd = exec.Command("apt-cache", append([]string{"show"}, want...)...)
+	cmd.Env = append(os.Environ(), "LC_ALL=C")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	shown, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("apt-cache show: %w: %s", err, stderr.Bytes())
+	}
+	byName := map[string]*debPackage{}
+	for _, stanza := range strings.Split(strings.TrimSpace(string(shown)), "\n\n") {
+		p, err := parseStanza(stanza)
+		if err != nil {
 			return nil, err
 		}
-		for _, p := range level {
-		groups:
-			for _, g := range p.Depends {
-				for _, alt := range g {
-					if provided[alt] {
-						continue groups
-					}
-				}
-				for _, alt := range g {
-					if dep := known[alt]; dep != nil {
-						if choose(dep) {
-							queue = append(queue, dep)
-						}
-						continue groups
-					}
-				}
-				// Only virtual packages: take the provider apt would, the one
-				// of the highest priority.
-				for _, alt := range g {
-					provs, err := a.providers(alt)
-					if err != nil {
-						return nil, err
-					}
-					if err := lookup(provs); err != nil {
-						return nil, err
-					}
-					var best []*debPackage
-					for _, n := range provs {
-						c := known[n]
-						switch {
-						case c == nil:
-						case len(best) == 0 || priorityRank(c.Priority) < priorityRank(best[0].Priority):
-							best = []*debPackage{c}
-						case priorityRank(c.Priority) == priorityRank(best[0].Priority):
-							best = append(best, c)
-						}
-					}
-					if len(best) > 1 {
-						return nil, fmt.Errorf("%s depends on virtual package %s, which %s provide at the same priority: name one of them in the recipe", p.Name, alt, strings.Join(provs, ", "))
-					}
-					if len(best) == 1 {
-						if choose(best[0]) {
-							queue = append(queue, best[0])
-						}
-						continue groups
-					}
-				}
-				return nil, fmt.Errorf("%s depends on %s: nothing in the apt sources provides it", p.Name, strings.Join(g, " | "))
-			}
+		if _, dup := byName[p.Name]; !dup {
+			byName[p.Name] = p
 		}
 	}
-	var out []*debPackage
-	for _, p := range chosen {
-		out = append(out, p)
+	var pkgs []*debPackage
+	for _, nv := range want {
+		name, version, _ := strings.Cut(nv, "=")
+		p := byName[name]
+		if p == nil || p.Version != version {
+			return nil, fmt.Errorf("apt-cache show %s: no such package", nv)
+		}
+		pkgs = append(pkgs, p)
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
-	return out, nil
+	sort.Slice(pkgs, func(i, j int) bool { return pkgs[i].Name < pkgs[j].Name })
+	return pkgs, nil
 }
 
 // fetch makes sure the cache holds each package's .deb with the checksum the
@@ -463,28 +305,6 @@ func hasSHA256(path, want string) (bool, error) {
 		return false, err
 	}
 	return hex.EncodeToString(h.Sum(nil)) == want, nil
-}
-
-// priorityRank orders Debian priorities, most important first.
-func priorityRank(p string) int {
-	for i, v := range []string{"required", "important", "standard", "optional", "extra"} {
-		if p == v {
-			return i
-		}
-	}
-	return 5
-}
-
-func uniq(s []string) []string {
-	seen := map[string]bool{}
-	var out []string
-	for _, v := range s {
-		if !seen[v] {
-			seen[v] = true
-			out = append(out, v)
-		}
-	}
-	return out
 }
 
 func firstLine(s string) string {

@@ -50,17 +50,6 @@ func TestSkipped(t *testing.T) {
 	}
 }
 
-func TestParseDepends(t *testing.T) {
-	got := parseDepends("libc6 (>= 2.34), debconf (>= 0.5) | debconf-2.0, python3:any, libudev1 (>= 183)")
-	want := [][]string{{"libc6"}, {"debconf", "debconf-2.0"}, {"python3"}, {"libudev1"}}
-	if !reflect.DeepEqual(got, want) {
-		t.Errorf("parseDepends = %q, want %q", got, want)
-	}
-	if got := parseDepends(""); got != nil {
-		t.Errorf("parseDepends(\"\") = %q", got)
-	}
-}
-
 // entry is one tar entry in a test's terms.
 type entry struct {
 	typ      byte
