@@ -116,7 +116,7 @@ func newAdmissionRig(t *testing.T) *admissionRig {
 	cfg := rest.CopyConfig(env.Config)
 	cfg.WarningHandler = a.warned
 	a.admin = admClient(t, cfg)
-	a.adminName = a.whoAmI(a.admin).Username
+	a.adminName = a.whoAmI(t, a.admin).Username
 
 	a.load()
 	a.checkServedVersions()
@@ -125,8 +125,8 @@ func newAdmissionRig(t *testing.T) *admissionRig {
 	a.grantSidecarRBAC()
 	a.ensureServiceAccount(admController)
 	a.ensureServiceAccount(admNode)
-	a.controller = a.saClient(admController, nil)
-	if u := a.whoAmI(a.controller); u.Username != "system:serviceaccount:"+admNamespace+":"+admController {
+	a.controller = a.saClient(t, admController, nil)
+	if u := a.whoAmI(t, a.controller); u.Username != "system:serviceaccount:"+admNamespace+":"+admController {
 		t.Fatalf("the controller's token authenticates as %q", u.Username)
 	}
 	return a
@@ -376,14 +376,14 @@ func (a *admissionRig) apply() {
 	}
 	t.Cleanup(func() {
 		ctx := context.WithoutCancel(ctx)
-		a.cleanupErr("ConfigMap "+admParams, a.admin.CoreV1().ConfigMaps(admNamespace).Delete(ctx, admParams, metav1.DeleteOptions{}))
+		a.cleanupErr(a.t, "ConfigMap "+admParams, a.admin.CoreV1().ConfigMaps(admNamespace).Delete(ctx, admParams, metav1.DeleteOptions{}))
 	})
 	for _, p := range a.policies {
 		if _, err := adm.ValidatingAdmissionPolicies().Create(ctx, p.DeepCopy(), metav1.CreateOptions{}); err != nil {
 			t.Fatalf("create ValidatingAdmissionPolicy %s: %v", p.Name, err)
 		}
 		t.Cleanup(func() {
-			a.cleanupErr("ValidatingAdmissionPolicy "+p.Name,
+			a.cleanupErr(a.t, "ValidatingAdmissionPolicy "+p.Name,
 				adm.ValidatingAdmissionPolicies().Delete(context.WithoutCancel(ctx), p.Name, metav1.DeleteOptions{}))
 		})
 	}
@@ -398,7 +398,7 @@ func (a *admissionRig) apply() {
 			t.Fatalf("create ValidatingAdmissionPolicyBinding %s: %v", b.Name, err)
 		}
 		t.Cleanup(func() {
-			a.cleanupErr("ValidatingAdmissionPolicyBinding "+b.Name,
+			a.cleanupErr(a.t, "ValidatingAdmissionPolicyBinding "+b.Name,
 				adm.ValidatingAdmissionPolicyBindings().Delete(context.WithoutCancel(ctx), b.Name, metav1.DeleteOptions{}))
 		})
 	}
@@ -414,13 +414,13 @@ func (a *admissionRig) deleteCapacityObjects() {
 		return
 	}
 	for _, o := range list.Items {
-		a.cleanupErr("CSIStorageCapacity "+o.Namespace+"/"+o.Name, a.admin.StorageV1().CSIStorageCapacities(o.Namespace).Delete(ctx, o.Name, metav1.DeleteOptions{}))
+		a.cleanupErr(a.t, "CSIStorageCapacity "+o.Namespace+"/"+o.Name, a.admin.StorageV1().CSIStorageCapacities(o.Namespace).Delete(ctx, o.Name, metav1.DeleteOptions{}))
 	}
 }
 
-func (a *admissionRig) cleanupErr(what string, err error) {
+func (a *admissionRig) cleanupErr(t *testing.T, what string, err error) {
 	if err != nil && !apierrors.IsNotFound(err) {
-		a.t.Errorf("cleanup: delete %s: %v", what, err)
+		t.Errorf("cleanup: delete %s: %v", what, err)
 	}
 }
 
@@ -452,11 +452,11 @@ func (a *admissionRig) waitPoliciesGone() {
 }
 
 // whoAmI is the user a client authenticates as (a SelfSubjectReview).
-func (a *admissionRig) whoAmI(c kubernetes.Interface) authenticationv1.UserInfo {
-	a.t.Helper()
+func (a *admissionRig) whoAmI(t *testing.T, c kubernetes.Interface) authenticationv1.UserInfo {
+	t.Helper()
 	r, err := c.AuthenticationV1().SelfSubjectReviews().Create(a.ctx, &authenticationv1.SelfSubjectReview{}, metav1.CreateOptions{})
 	if err != nil {
-		a.t.Fatalf("SelfSubjectReview: %v", err)
+		t.Fatalf("SelfSubjectReview: %v", err)
 	}
 	return r.Status.UserInfo
 }
@@ -492,8 +492,8 @@ func (a *admissionRig) grantSidecarRBAC() {
 	}
 	t.Cleanup(func() {
 		ctx := context.WithoutCancel(ctx)
-		a.cleanupErr("ClusterRoleBinding "+name, rbac.ClusterRoleBindings().Delete(ctx, name, metav1.DeleteOptions{}))
-		a.cleanupErr("ClusterRole "+name, rbac.ClusterRoles().Delete(ctx, name, metav1.DeleteOptions{}))
+		a.cleanupErr(a.t, "ClusterRoleBinding "+name, rbac.ClusterRoleBindings().Delete(ctx, name, metav1.DeleteOptions{}))
+		a.cleanupErr(a.t, "ClusterRole "+name, rbac.ClusterRoles().Delete(ctx, name, metav1.DeleteOptions{}))
 	})
 }
 
@@ -508,7 +508,7 @@ func (a *admissionRig) ensureServiceAccount(name string) {
 		a.t.Fatalf("create ServiceAccount %s: %v", name, err)
 	default:
 		a.t.Cleanup(func() {
-			a.cleanupErr("ServiceAccount "+name, a.admin.CoreV1().ServiceAccounts(admNamespace).Delete(context.WithoutCancel(a.ctx), name, metav1.DeleteOptions{}))
+			a.cleanupErr(a.t, "ServiceAccount "+name, a.admin.CoreV1().ServiceAccounts(admNamespace).Delete(context.WithoutCancel(a.ctx), name, metav1.DeleteOptions{}))
 		})
 	}
 }
@@ -516,33 +516,33 @@ func (a *admissionRig) ensureServiceAccount(name string) {
 // saClient returns a client that authenticates with a token of the
 // ServiceAccount (TokenRequest API), bound to pod if one is given, as
 // kubelet's projected tokens are.
-func (a *admissionRig) saClient(sa string, pod *corev1.Pod) kubernetes.Interface {
-	a.t.Helper()
+func (a *admissionRig) saClient(t *testing.T, sa string, pod *corev1.Pod) kubernetes.Interface {
+	t.Helper()
 	req := &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To[int64](3600)}}
 	if pod != nil {
 		req.Spec.BoundObjectRef = &authenticationv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID}
 	}
 	tok, err := a.admin.CoreV1().ServiceAccounts(admNamespace).CreateToken(a.ctx, sa, req, metav1.CreateOptions{})
 	if err != nil {
-		a.t.Fatalf("TokenRequest for ServiceAccount %s: %v", sa, err)
+		t.Fatalf("TokenRequest for ServiceAccount %s: %v", sa, err)
 	}
 	cfg := rest.AnonymousClientConfig(a.env.Config)
 	cfg.BearerToken = tok.Status.Token
-	return admClient(a.t, cfg)
+	return admClient(t, cfg)
 }
 
 // nodeSidecar is the DaemonSet sidecar of a new node: a Node, a Pod of
 // loopvol-node's ServiceAccount on it, and a client with a token bound to
 // that Pod. It checks that the token carries the node's name, which the
 // policies rely on.
-func (a *admissionRig) nodeSidecar(node string) kubernetes.Interface {
-	a.t.Helper()
+func (a *admissionRig) nodeSidecar(t *testing.T, node string) kubernetes.Interface {
+	t.Helper()
 	ctx := a.ctx
 	if _, err := a.admin.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node, Labels: a.labels()}}, metav1.CreateOptions{}); err != nil {
-		a.t.Fatalf("create Node %s: %v", node, err)
+		t.Fatalf("create Node %s: %v", node, err)
 	}
-	a.t.Cleanup(func() {
-		a.cleanupErr("Node "+node, a.admin.CoreV1().Nodes().Delete(context.WithoutCancel(ctx), node, metav1.DeleteOptions{}))
+	t.Cleanup(func() {
+		a.cleanupErr(t, "Node "+node, a.admin.CoreV1().Nodes().Delete(context.WithoutCancel(ctx), node, metav1.DeleteOptions{}))
 	})
 	pod, err := a.admin.CoreV1().Pods(admNamespace).Create(ctx, &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{GenerateName: "e2e-" + a.id + "-node-", Labels: a.labels()},
@@ -554,16 +554,16 @@ func (a *admissionRig) nodeSidecar(node string) kubernetes.Interface {
 		},
 	}, metav1.CreateOptions{})
 	if err != nil {
-		a.t.Fatalf("create the sidecar Pod on %s: %v", node, err)
+		t.Fatalf("create the sidecar Pod on %s: %v", node, err)
 	}
-	a.t.Cleanup(func() {
-		a.cleanupErr("Pod "+pod.Name, a.admin.CoreV1().Pods(admNamespace).Delete(context.WithoutCancel(ctx), pod.Name,
+	t.Cleanup(func() {
+		a.cleanupErr(t, "Pod "+pod.Name, a.admin.CoreV1().Pods(admNamespace).Delete(context.WithoutCancel(ctx), pod.Name,
 			metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}))
 	})
-	c := a.saClient(admNode, pod)
-	u := a.whoAmI(c)
+	c := a.saClient(t, admNode, pod)
+	u := a.whoAmI(t, c)
 	if got := u.Extra["authentication.kubernetes.io/node-name"]; len(got) != 1 || got[0] != node {
-		a.t.Fatalf("a token bound to Pod %s on node %s carries node-name %v (user %s)", pod.Name, node, got, u.Username)
+		t.Fatalf("a token bound to Pod %s on node %s carries node-name %v (user %s)", pod.Name, node, got, u.Username)
 	}
 	return c
 }
@@ -571,11 +571,11 @@ func (a *admissionRig) nodeSidecar(node string) kubernetes.Interface {
 func (a *admissionRig) labels() map[string]string { return map[string]string{testLabel: a.id} }
 
 // setParam changes one key of the params object, as an overlay would.
-func (a *admissionRig) setParam(key, value string) {
-	a.t.Helper()
+func (a *admissionRig) setParam(t *testing.T, key, value string) {
+	t.Helper()
 	patch := fmt.Sprintf(`{"data":{%q:%q}}`, key, value)
 	if _, err := a.admin.CoreV1().ConfigMaps(admNamespace).Patch(a.ctx, admParams, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
-		a.t.Fatalf("set %s of ConfigMap %s: %v", key, admParams, err)
+		t.Fatalf("set %s of ConfigMap %s: %v", key, admParams, err)
 	}
 }
 
@@ -657,7 +657,7 @@ func (a *admissionRig) createClassOf(ctx context.Context, c kubernetes.Interface
 	_, err := c.StorageV1().StorageClasses().Create(ctx, sc, opts)
 	if err == nil && !dryRun {
 		a.t.Cleanup(func() {
-			a.cleanupErr("StorageClass "+name, a.admin.StorageV1().StorageClasses().Delete(context.WithoutCancel(a.ctx), name, metav1.DeleteOptions{}))
+			a.cleanupErr(a.t, "StorageClass "+name, a.admin.StorageV1().StorageClasses().Delete(context.WithoutCancel(a.ctx), name, metav1.DeleteOptions{}))
 		})
 	}
 	return err
@@ -792,7 +792,7 @@ func (a *admissionRig) testStorageClassListed(t *testing.T) {
 	// Listed (as an overlay would list it): no warning. The params change
 	// reaches the API server asynchronously.
 	listed := "e2e-" + a.id + "-listed"
-	a.setParam("storageClasses", admBaseClass+", "+listed)
+	a.setParam(t, "storageClasses", admBaseClass+", "+listed)
 	err = wait.PollUntilContextTimeout(a.ctx, 100*time.Millisecond, shortWait, true, func(ctx context.Context) (bool, error) {
 		a.warned.take()
 		if err := a.createClass(ctx, a.admin, listed, nil, true); err != nil {
@@ -815,7 +815,7 @@ func (a *admissionRig) testStorageClassListed(t *testing.T) {
 // createVA creates a VolumeAttachment as the attach/detach controller of
 // kube-controller-manager would, and asks for a status it must not get:
 // create drops it.
-func (a *admissionRig) createVA(c kubernetes.Interface, name, attacher, node string) (*storagev1.VolumeAttachment, error) {
+func (a *admissionRig) createVA(t *testing.T, c kubernetes.Interface, name, attacher, node string) (*storagev1.VolumeAttachment, error) {
 	va := &storagev1.VolumeAttachment{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: a.labels()},
 		Spec: storagev1.VolumeAttachmentSpec{
@@ -827,8 +827,8 @@ func (a *admissionRig) createVA(c kubernetes.Interface, name, attacher, node str
 	}
 	created, err := c.StorageV1().VolumeAttachments().Create(a.ctx, va, metav1.CreateOptions{})
 	if err == nil {
-		a.t.Cleanup(func() {
-			a.cleanupErr("VolumeAttachment "+name, a.admin.StorageV1().VolumeAttachments().Delete(context.WithoutCancel(a.ctx), name, metav1.DeleteOptions{}))
+		t.Cleanup(func() {
+			a.cleanupErr(t, "VolumeAttachment "+name, a.admin.StorageV1().VolumeAttachments().Delete(context.WithoutCancel(a.ctx), name, metav1.DeleteOptions{}))
 		})
 	}
 	return created, err
@@ -856,13 +856,13 @@ func (a *admissionRig) attached(t *testing.T, name string) bool {
 func (a *admissionRig) testVolumeAttachmentStatus(t *testing.T) {
 	ctx := a.ctx
 	nodeA, nodeB := "e2e-"+a.id+"-va-a", "e2e-"+a.id+"-va-b"
-	sidecarA := a.nodeSidecar(nodeA)
+	sidecarA := a.nodeSidecar(t, nodeA)
 	kcm := admClient(t, a.env.UserConfig(t, admAttachDetach))
 
 	// kube-controller-manager's part, untouched by the policy.
 	vaA, vaB, vaOther := "e2e-"+a.id+"-va-a", "e2e-"+a.id+"-va-b", "e2e-"+a.id+"-va-other"
 	for _, va := range []struct{ name, attacher, node string }{{vaA, driverName, nodeA}, {vaB, driverName, nodeB}, {vaOther, admOtherDriver, nodeA}} {
-		created, err := a.createVA(kcm, va.name, va.attacher, va.node)
+		created, err := a.createVA(t, kcm, va.name, va.attacher, va.node)
 		allowed.check(t, "the attach/detach controller creates VolumeAttachment "+va.name, err)
 		if err != nil {
 			t.FailNow()
@@ -919,7 +919,7 @@ func (a *admissionRig) testVolumeAttachmentStatus(t *testing.T) {
 	deniedBy(polVAStatus, metav1.StatusReasonForbidden,
 		"system:serviceaccount:loopvol:loopvol-node is one of nodeUsers",
 		"but its credentials are bound to no node (no authentication.kubernetes.io/node-name): it needs a Pod-bound ServiceAccount token.",
-	).check(t, "loopvol-node with a token bound to no Pod", a.patchVAStatus(ctx, a.saClient(admNode, nil), vaA, detach, false))
+	).check(t, "loopvol-node with a token bound to no Pod", a.patchVAStatus(ctx, a.saClient(t, admNode, nil), vaA, detach, false))
 	if a.attached(t, vaB) {
 		t.Errorf("VolumeAttachment %s is attached after refused status patches", vaB)
 	}
@@ -1037,7 +1037,7 @@ func (a *admissionRig) testCapacityWriters(t *testing.T) {
 	var own *storagev1.CSIStorageCapacity
 	for _, node := range nodes {
 		t.Run(fmt.Sprintf("node name of %d characters", len(node)), func(t *testing.T) {
-			c := a.nodeSidecar(node)
+			c := a.nodeSidecar(t, node)
 			id := capacity.ManagedByID(node)
 			o := a.mustCapacity(t, "the sidecar of "+node+" creates its object ("+id+")", c, a.capacityObject(admNamespace, id, admBaseClass))
 			allowed.check(t, "the sidecar of "+node+" updates its object", a.patchCapacity(c, o, `{"capacity":"5Gi"}`))
@@ -1050,7 +1050,7 @@ func (a *admissionRig) testCapacityWriters(t *testing.T) {
 	if own == nil {
 		t.FailNow()
 	}
-	sidecar := a.nodeSidecar("e2e-" + a.id + "-cap-other")
+	sidecar := a.nodeSidecar(t, "e2e-"+a.id+"-cap-other")
 	other := "e2e-" + a.id + "-cap-other"
 	notMine := deniedBy(polCapacity, metav1.StatusReasonForbidden, " is not node "+other+"'s: the sidecar of a node writes only objects labelled csi.storage.k8s.io/managed-by=external-provisioner-"+other)
 	_, err = a.createCapacity(sidecar, a.capacityObject(admNamespace, capacity.ManagedByCentral, admBaseClass))
@@ -1060,7 +1060,7 @@ func (a *admissionRig) testCapacityWriters(t *testing.T) {
 	mine := a.mustCapacity(t, "the sidecar of "+other+" creates its object", sidecar, a.capacityObject(admNamespace, capacity.ManagedByID(other), admBaseClass))
 	notMine.check(t, "a node's sidecar hands its object to another node",
 		a.patchCapacity(sidecar, mine, fmt.Sprintf(`{"metadata":{"labels":{%q:%q}}}`, capacity.ManagedByLabel, capacity.ManagedByID(short))))
-	_, err = a.createCapacity(a.saClient(admNode, nil), a.capacityObject(admNamespace, capacity.ManagedByID(other), admBaseClass))
+	_, err = a.createCapacity(a.saClient(t, admNode, nil), a.capacityObject(admNamespace, capacity.ManagedByID(other), admBaseClass))
 	deniedBy(polCapacity, metav1.StatusReasonForbidden, "is one of nodeUsers, which write only their own node's objects, but its credentials are bound to no node").
 		check(t, "loopvol-node with a token bound to no Pod creates an object", err)
 }
@@ -1129,7 +1129,7 @@ func (a *admissionRig) testPVCAccessModes(t *testing.T) {
 	// runs; a loopvol default class (listed, as an overlay would) is thus
 	// checked as well.
 	def := "e2e-" + a.id + "-default"
-	a.setParam("storageClasses", admBaseClass+","+def)
+	a.setParam(t, "storageClasses", admBaseClass+","+def)
 	if err := a.createClassOf(a.ctx, a.admin, def, driverName, nil, map[string]string{"storageclass.kubernetes.io/is-default-class": "true"}, false); err != nil {
 		t.Fatalf("create the default class: %v", err)
 	}
@@ -1154,7 +1154,7 @@ func (a *admissionRig) testParamsMissing(t *testing.T) {
 	}
 	kcm := admClient(t, a.env.UserConfig(t, admAttachDetach))
 	va := "e2e-" + a.id + "-va-params"
-	if _, err := a.createVA(kcm, va, driverName, "e2e-"+a.id+"-node"); err != nil {
+	if _, err := a.createVA(t, kcm, va, driverName, "e2e-"+a.id+"-node"); err != nil {
 		t.Fatal(err)
 	}
 	noParams := func(policy string) verdict {
