@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -74,11 +75,15 @@ func run(args []string) error {
 	if err := os.MkdirAll(*out, 0o755); err != nil {
 		return err
 	}
+	for n := range want {
+		if !slices.ContainsFunc(recipes, func(r recipe) bool { return r.name == n }) {
+			return fmt.Errorf("-images: no image %q", n)
+		}
+	}
 	for _, r := range recipes {
 		if len(want) > 0 && !want[r.name] {
 			continue
 		}
-		delete(want, r.name)
 		start := time.Now()
 		img, err := b.image(r)
 		if err != nil {
@@ -108,9 +113,6 @@ func run(args []string) error {
 		logf("%s: %s %s, %.1f MiB compressed, %s in %s: %s, %s.tar",
 			r.name, digest, strings.Join(refs, " "), float64(size)/(1<<20), state,
 			time.Since(start).Round(10*time.Millisecond), dir, dir)
-	}
-	for n := range want {
-		return fmt.Errorf("no image %q", n)
 	}
 	return nil
 }
