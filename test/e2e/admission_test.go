@@ -392,6 +392,21 @@ func (a *admissionRig) apply() {
 	// (an administrator may not delete loopvol's while the policy holds),
 	// then the policies and the params.
 	t.Cleanup(a.deleteCapacityObjects)
+	// A VolumeAttachment of loopvol for waitPoliciesGone to probe.
+	probe := &storagev1.VolumeAttachment{
+		ObjectMeta: metav1.ObjectMeta{Name: a.probeVA(), Labels: a.labels()},
+		Spec: storagev1.VolumeAttachmentSpec{
+			Attacher: driverName,
+			NodeName: "e2e-" + a.id + "-probe",
+			Source:   storagev1.VolumeAttachmentSource{PersistentVolumeName: ptr.To("e2e-" + a.id + "-probe")},
+		},
+	}
+	if _, err := a.admin.StorageV1().VolumeAttachments().Create(ctx, probe, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create VolumeAttachment %s: %v", probe.Name, err)
+	}
+	t.Cleanup(func() {
+		a.cleanupErr(a.t, "VolumeAttachment "+probe.Name, a.admin.StorageV1().VolumeAttachments().Delete(context.WithoutCancel(ctx), probe.Name, metav1.DeleteOptions{}))
+	})
 	t.Cleanup(a.waitPoliciesGone)
 	for _, b := range a.bindings {
 		if _, err := adm.ValidatingAdmissionPolicyBindings().Create(ctx, b.DeepCopy(), metav1.CreateOptions{}); err != nil {
@@ -424,11 +439,30 @@ func (a *admissionRig) cleanupErr(t *testing.T, what string, err error) {
 	}
 }
 
-// waitPoliciesGone waits until requests that the policies refuse pass
-// again (dry runs), after the bindings are deleted.
+// probeVA names the VolumeAttachment that waitPoliciesGone probes.
+func (a *admissionRig) probeVA() string { return "e2e-" + a.id + "-va-probe" }
+
+// waitPoliciesGone waits until requests that the policies refuse (or warn
+// about) pass again (dry runs), after the bindings are deleted. Once the
+// params are gone the probes of the policies that then step aside pass
+// anyway; the API server drops all bindings through one informer, so those
+// of the others stand for them.
 func (a *admissionRig) waitPoliciesGone() {
 	ctx := context.WithoutCancel(a.ctx)
 	probes := map[string]func(ctx context.Context) error{
+		polVAStatus: func(ctx context.Context) error {
+			return a.patchVAStatus(ctx, a.admin, a.probeVA(), `{"status":{"attached":true}}`, true)
+		},
+		polClassListed: func(ctx context.Context) error {
+			a.warned.take()
+			if err := a.createClass(ctx, a.admin, "e2e-"+a.id+"-gone", nil, true); err != nil {
+				return err
+			}
+			if w := a.warned.take(); len(w) > 0 {
+				return fmt.Errorf("warned: %q", w)
+			}
+			return nil
+		},
 		polClassParams: func(ctx context.Context) error {
 			return a.createClass(ctx, a.admin, "e2e-"+a.id+"-gone", map[string]string{"fsType": "ext4"}, true)
 		},
