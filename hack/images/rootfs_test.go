@@ -18,8 +18,25 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// testLayers keeps the layers the tests build, for the package's tests to
+// share.
+var testLayers string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "loopvol-images-test-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	testLayers = dir
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
 // testBuilder builds from the machine's apt sources, with the .debs cached
-// where make images keeps them, and layers in a temporary directory.
+// where make images keeps them (or in $LOOPVOL_IMAGES_CACHE), and layers in
+// testLayers.
 func testBuilder(t *testing.T) *builder {
 	t.Helper()
 	for _, tool := range []string{"apt-cache", "apt-get", "apt-config"} {
@@ -37,7 +54,7 @@ func testBuilder(t *testing.T) *builder {
 	}
 	return &builder{
 		apt:     &apt{cacheDir: filepath.Join(cache, "debs"), resolvedDir: filepath.Join(cache, "resolved"), log: t.Logf},
-		layers:  &layerCache{dir: t.TempDir()},
+		layers:  &layerCache{dir: testLayers},
 		created: time.Unix(0, 0),
 		version: "test",
 		log:     t.Logf,
@@ -303,6 +320,34 @@ func closure(root, p string, dirs []string, seen map[string]bool) error {
 	return nil
 }
 
+// chrootRun runs the program at p (a path in the image) in a chroot of
+// root, with the image's PATH, and returns what it printed.
+func chrootRun(root, p, name string, args ...string) (string, error) {
+	cmd := &exec.Cmd{
+		Path:        p,
+		Args:        append([]string{name}, args...),
+		Env:         []string{debianPath},
+		Dir:         "/",
+		SysProcAttr: &syscall.SysProcAttr{Chroot: root},
+	}
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+// nodePaths finds each of nodeCommands in the image.
+func nodePaths(t *testing.T, root string) map[string]string {
+	t.Helper()
+	paths := map[string]string{}
+	for _, c := range nodeCommands {
+		p, err := lookPath(root, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		paths[c] = p
+	}
+	return paths
+}
+
 // TestNodeImageRunsTheNodeCommands builds the node image's root filesystem
 // from the packages and checks that every program the node plugin runs is
 // in its PATH and can start there: its interpreter and all the shared
@@ -372,18 +417,11 @@ func TestNodeImageRunsTheNodeCommands(t *testing.T) {
 	})
 	run := func(name string, args ...string) string {
 		t.Helper()
-		cmd := &exec.Cmd{
-			Path:        paths[name],
-			Args:        append([]string{name}, args...),
-			Env:         []string{debianPath},
-			Dir:         "/",
-			SysProcAttr: &syscall.SysProcAttr{Chroot: root},
-		}
-		out, err := cmd.CombinedOutput()
+		out, err := chrootRun(root, paths[name], name, args...)
 		if err != nil {
 			t.Fatalf("%s %s in the image: %v: %s", name, strings.Join(args, " "), err, out)
 		}
-		return string(out)
+		return out
 	}
 	for _, c := range [][]string{
 		{"mount", "-V"}, {"umount", "-V"}, {"blkid", "-V"}, {"blockdev", "-V"}, {"fsck", "-V"},
