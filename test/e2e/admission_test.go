@@ -889,12 +889,12 @@ func (a *admissionRig) attached(t *testing.T, name string) bool {
 
 func (a *admissionRig) testVolumeAttachmentStatus(t *testing.T) {
 	ctx := a.ctx
-	nodeA, nodeB := "e2e-"+a.id+"-va-a", "e2e-"+a.id+"-va-b"
+	nodeA, nodeB := "e2e-"+a.id+"-node-a", "e2e-"+a.id+"-node-b"
 	sidecarA := a.nodeSidecar(t, nodeA)
 	kcm := admClient(t, a.env.UserConfig(t, admAttachDetach))
 
 	// kube-controller-manager's part, untouched by the policy.
-	vaA, vaB, vaOther := "e2e-"+a.id+"-va-a", "e2e-"+a.id+"-va-b", "e2e-"+a.id+"-va-other"
+	vaA, vaB, vaOther := "e2e-"+a.id+"-attach-a", "e2e-"+a.id+"-attach-b", "e2e-"+a.id+"-attach-other"
 	for _, va := range []struct{ name, attacher, node string }{{vaA, driverName, nodeA}, {vaB, driverName, nodeB}, {vaOther, admOtherDriver, nodeA}} {
 		created, err := a.createVA(t, kcm, va.name, va.attacher, va.node)
 		allowed.check(t, "the attach/detach controller creates VolumeAttachment "+va.name, err)
