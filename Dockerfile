@@ -28,9 +28,12 @@ RUN --mount=type=cache,target=/root/go/pkg/mod --mount=type=cache,target=/root/.
 # grow filesystems (mount, umount, blkid, blockdev, fsck, mkfs.ext4,
 # mkfs.xfs, e2fsck, resize2fs, xfs_growfs). Runs as root, privileged.
 FROM ${DEBIAN_IMAGE} AS loopvol-node
+# The links the Go recipe adds itself because the base image has them
+# (e2fsck and resize2fs need /etc/mtab): make sure it does.
 RUN apt-get update && \
     apt-get install -y --no-install-recommends util-linux mount e2fsprogs xfsprogs && \
-    rm -rf /var/lib/apt/lists/*
+    rm -rf /var/lib/apt/lists/* && \
+    test -L /etc/mtab && test -L /var/run
 COPY --from=build /out/driver /driver
 ARG VERSION=dev
 LABEL org.opencontainers.image.version=${VERSION}

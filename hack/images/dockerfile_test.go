@@ -21,6 +21,7 @@ type dockerStage struct {
 	user       string
 	entrypoint []string
 	labels     []string
+	links      []string // RUN test -L <path>: the base image has that link
 	runs       []string
 	other      []string // instructions the Go recipe knows nothing of
 }
@@ -83,6 +84,8 @@ func parseDockerfile(t *testing.T, file string) map[string]*dockerStage {
 							st.packages = append(st.packages, a)
 						}
 					}
+				case len(f) == 3 && f[0] == "test" && f[1] == "-L":
+					st.links = append(st.links, f[2])
 				case strings.Join(f, " ") == "apt-get update", strings.Join(f, " ") == "rm -rf /var/lib/apt/lists/*":
 				default:
 					st.other = append(st.other, "RUN "+strings.TrimSpace(cmd))
@@ -175,6 +178,11 @@ func TestDockerfileMatchesRecipes(t *testing.T) {
 			}
 			if !reflect.DeepEqual(st.fromBuild, want) {
 				t.Errorf("COPY --from=build %v, recipe binaries %v", st.fromBuild, want)
+			}
+			// The links the Go recipe adds for the base image are there
+			// in the base image.
+			if got, want := sorted(st.links), sortedKeys(r.base.symlinks); !reflect.DeepEqual(got, want) && len(got)+len(want) > 0 {
+				t.Errorf("RUN test -L %v, recipe base links %v", got, want)
 			}
 			if st.user != r.user {
 				t.Errorf("USER %q, recipe user %q", st.user, r.user)

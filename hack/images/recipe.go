@@ -73,8 +73,8 @@ var recipes = []recipe{
 			packages: []string{"base-files", "dash"},
 			tree:     "node-base",
 			symlinks: map[string]string{
-				// e2fsck and resize2fs refuse to work without it.
-				"/etc/mtab": "../proc/self/mounts",
+				// debootstrap's; e2fsck and resize2fs refuse to work without it.
+				"/etc/mtab": "/proc/mounts",
 				// base-files ships a directory; its postinst makes the link.
 				"/var/run": "/run",
 			},
