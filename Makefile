@@ -76,7 +76,7 @@ IMAGES_CACHE ?= $(HOME)/.cache/loopvol
 IMAGES_CREATED := $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
 DOCKER ?= docker
 
-.PHONY: static images image
+.PHONY: static images image test-images
 
 static: ##@ Static binaries for the images: bin/static/driver, bin/static/attacher (CGO_ENABLED=0).
 	@echo "### static"
@@ -95,3 +95,8 @@ image: ##@ The same images with Docker (where a Docker engine runs): loopvol-nod
 		$(DOCKER) build --build-arg VERSION=$(VERSION) --target $$i \
 			-t $(IMAGE_REPO)/$$i:$(IMAGE_TAG) -t $(IMAGE_REPO)/$$i:dev . || exit 1; \
 	done
+
+test-images: ##@ hack/images' tests: both image recipes agree; the node image runs what the node plugin runs (root: chroot, loop devices).
+	@echo "### test-images"
+	$(GO) -C hack/images vet .
+	$(GO) -C hack/images test -count=1 .
