@@ -10,11 +10,13 @@ import (
 	"testing"
 	"time"
 
+	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/discovery/cached/memory"
 	"k8s.io/client-go/dynamic"
@@ -98,6 +100,7 @@ func TestDeployApplies(t *testing.T) {
 						t.Errorf("cleanup: %v", err)
 					}
 				}
+				waitAdmissionPoliciesGone(t, ctx, env)
 			})
 			apply := func(round int) map[string]string {
 				t.Helper()
@@ -194,6 +197,29 @@ func (a *applier) delete(ctx context.Context, o *unstructured.Unstructured) erro
 }
 
 func ptrTo[T any](v T) *T { return &v }
+
+// waitAdmissionPoliciesGone waits until the API server no longer enforces
+// the deployment's admission policies after their bindings were deleted
+// (its policy informer lags): the tests after this one write VolumeAttachment
+// status as users the policies would refuse. The API server drops all
+// bindings through one informer, so a class the parameter policy refuses
+// passing a dry run stands for all of them.
+func waitAdmissionPoliciesGone(t *testing.T, ctx context.Context, env *testenv.Env) {
+	t.Helper()
+	bad := &storagev1.StorageClass{
+		ObjectMeta:  metav1.ObjectMeta{Name: "e2e-deploy-policy-probe"},
+		Provisioner: driverName,
+		Parameters:  map[string]string{"no-such-parameter": "x"},
+	}
+	var last error
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, shortWait, true, func(ctx context.Context) (bool, error) {
+		_, last = env.Client.StorageV1().StorageClasses().Create(ctx, bad, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		return last == nil, nil
+	})
+	if err != nil {
+		t.Errorf("cleanup: the admission policies are still enforced %s after their bindings were deleted: %v", shortWait, last)
+	}
+}
 
 // contextFor is a context that ends with the test, with a logger.
 func contextFor(t *testing.T) (context.CancelFunc, context.Context) {
