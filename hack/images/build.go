@@ -172,11 +172,6 @@ func (b *builder) filesLayer(r recipe) (*cachedLayer, string, error) {
 		}
 		// Which packages the image holds, where scanners look in images
 		// without dpkg's database (one control file per package).
-		if len(pkgs) > 0 {
-			if err := w.addParents("var/lib/dpkg/status.d/x"); err != nil {
-				return err
-			}
-		}
 		for _, p := range pkgs {
 			control := statusRecord(p)
 			h := &tar.Header{Typeflag: tar.TypeReg, Name: "var/lib/dpkg/status.d/" + p.Name, Size: int64(len(control)), Mode: 0o644, ModTime: fileTime}

@@ -65,14 +65,15 @@ func skipped(name string) bool {
 // layerWriter writes a layer's tar stream: every path canonical and stored
 // once (the first writer wins, as apt would refuse the second package).
 type layerWriter struct {
-	tw   *tar.Writer
-	seen map[string]string // path → who wrote it
+	tw    *tar.Writer
+	seen  map[string]string // path → who wrote it
+	links map[string]bool   // the paths that are symlinks
 	// overlaps are files two sources both ship, kept from the first.
 	overlaps []string
 }
 
 func newLayerWriter(w io.Writer) *layerWriter {
-	return &layerWriter{tw: tar.NewWriter(w), seen: map[string]string{}}
+	return &layerWriter{tw: tar.NewWriter(w), seen: map[string]string{}, links: map[string]bool{}}
 }
 
 // add writes one entry from src (a package name, "recipe"), with its
@@ -93,6 +94,12 @@ func (w *layerWriter) add(hdr *tar.Header, r io.Reader, src string) error {
 			w.overlaps = append(w.overlaps, fmt.Sprintf("%s (%s, %s)", name, by, src))
 		}
 		return nil
+	}
+	// Nothing goes through a link: unpackers differ on what that means.
+	for p := path.Dir(name); p != "."; p = path.Dir(p) {
+		if w.links[p] {
+			return fmt.Errorf("%s: %s is under %s, a symlink in the layer", src, name, p)
+		}
 	}
 	// Directories come before what they hold, whatever order the sources
 	// give (a merged-/usr path can come before usr/ itself).
@@ -137,6 +144,9 @@ func (w *layerWriter) add(hdr *tar.Header, r io.Reader, src string) error {
 		}
 	}
 	w.seen[name] = src
+	if h.Typeflag == tar.TypeSymlink {
+		w.links[name] = true
+	}
 	return nil
 }
 

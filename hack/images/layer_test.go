@@ -153,6 +153,14 @@ func TestLayerWriter(t *testing.T) {
 			err:  "hard link a to usr/share/doc/x/NEWS, which the layer lacks",
 		},
 		{
+			name: "nothing under a symlink",
+			add: []*tar.Header{
+				{Typeflag: tar.TypeSymlink, Name: "var/run", Linkname: "/run"},
+				reg("./var/run/x.pid", "x"),
+			},
+			err: "var/run/x.pid is under var/run, a symlink in the layer",
+		},
+		{
 			name: "a directory of its own mode after its content",
 			add: []*tar.Header{
 				reg("./tmp/x", "./tmp/x"),
