@@ -59,3 +59,28 @@ func (q *Queue[T]) Failures(key T) int { return q.rl.NumRequeues(key) }
 
 // ShutDown stops the queue; workers in Get return.
 func (q *Queue[T]) ShutDown() { q.Q.ShutDown() }
+
+// ProcessNext is one step of a worker loop: it waits until ready (the CSI
+// driver is reachable) with the items still queued, takes one item, waits
+// for ready again while holding it (an idle worker sits in Get while the
+// driver goes away), syncs it and hands the result to Handle, with final
+// telling which errors are final. It is the only place that calls Done. It
+// returns false when the worker should stop (ctx ended or the queue shut
+// down).
+func (q *Queue[T]) ProcessNext(ctx context.Context, ready func(context.Context) error, sync func(context.Context, T) error, final func(error) bool) bool {
+	if err := ready(ctx); err != nil {
+		return false
+	}
+	key, quit := q.Q.Get()
+	if quit {
+		return false
+	}
+	defer q.Q.Done(key)
+	if err := ready(ctx); err != nil {
+		q.Q.Add(key) // back in the queue unless it is shutting down
+		return false
+	}
+	err := sync(ctx, key)
+	q.Handle(ctx, key, err, err != nil && final(err))
+	return true
+}

@@ -220,12 +220,12 @@ func (c *Controller) Run(ctx context.Context) error {
 	// The handlers are added only now, when this replica starts acting:
 	// shared informers run (and keep a warm cache) on a standby replica
 	// too, and adding a handler to a running informer replays its cache.
-	regs, err := c.addEventHandlers(c.vaInformer, c.pvInformer, c.csiNodeInformer)
+	handlers, err := c.addEventHandlers(logger, c.vaInformer, c.pvInformer, c.csiNodeInformer)
 	if err != nil {
 		c.shutDownQueues()
 		return fmt.Errorf("attach controller: event handlers: %w", err)
 	}
-	defer removeHandlers(logger, regs)
+	defer handlers.Remove(logger)
 	if c.ownInformers {
 		c.informers.Start(ctx)
 	}
@@ -233,10 +233,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	pvWorkers := max(1, c.cfg.Workers/4)
 	logger.Info("Starting the attach controller", "driver", c.cfg.DriverName, "finalizer", c.finalizer,
 		"attachWorkers", c.cfg.Workers, "detachWorkers", c.cfg.Workers, "pvWorkers", pvWorkers)
-	synced := []cache.InformerSynced{c.vaInformer.HasSynced, c.pvInformer.HasSynced, c.csiNodeInformer.HasSynced}
-	for _, r := range regs {
-		synced = append(synced, r.reg.HasSynced)
-	}
+	synced := append([]cache.InformerSynced{c.vaInformer.HasSynced, c.pvInformer.HasSynced, c.csiNodeInformer.HasSynced}, handlers.Synced()...)
 	if !cache.WaitForNamedCacheSyncWithContext(ctx, synced...) {
 		c.shutDownQueues()
 		return nil // ctx ended

@@ -8,6 +8,8 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
+
+	"github.com/loopvol/loopvol/internal/kube"
 )
 
 // Indexes of the VolumeAttachment cache.
@@ -33,56 +35,32 @@ var vaIndexers = cache.Indexers{
 	},
 }
 
-// handler is one event handler the controller added to a shared informer.
-type handler struct {
-	inf cache.SharedIndexInformer
-	reg cache.ResourceEventHandlerRegistration
-}
-
 // addEventHandlers adds the controller's handlers to the informers. On an
 // error the handlers added so far are removed again.
-func (c *Controller) addEventHandlers(va, pv, csiNode cache.SharedIndexInformer) ([]handler, error) {
-	var regs []handler
-	add := func(inf cache.SharedIndexInformer, h cache.ResourceEventHandler) error {
-		reg, err := inf.AddEventHandler(h)
-		if err == nil {
-			regs = append(regs, handler{inf: inf, reg: reg})
-		}
-		return err
-	}
-	err := add(va, cache.ResourceEventHandlerFuncs{
+func (c *Controller) addEventHandlers(logger klog.Logger, va, pv, csiNode cache.SharedIndexInformer) (*kube.Handlers, error) {
+	hs := &kube.Handlers{}
+	err := hs.Add(va, cache.ResourceEventHandlerFuncs{
 		AddFunc:    c.vaAdded,
 		UpdateFunc: c.vaUpdated,
 		DeleteFunc: c.vaDeleted,
-	})
+	}, 0)
 	if err == nil {
-		err = add(pv, cache.ResourceEventHandlerFuncs{
+		err = hs.Add(pv, cache.ResourceEventHandlerFuncs{
 			AddFunc:    c.pvChanged,
 			UpdateFunc: func(_, newObj any) { c.pvChanged(newObj) },
-		})
+		}, 0)
 	}
 	if err == nil {
-		err = add(csiNode, cache.ResourceEventHandlerFuncs{
+		err = hs.Add(csiNode, cache.ResourceEventHandlerFuncs{
 			AddFunc:    func(obj any) { c.csiNodeChanged(nil, obj) },
 			UpdateFunc: c.csiNodeChanged,
-		})
+		}, 0)
 	}
 	if err != nil {
-		for _, r := range regs {
-			_ = r.inf.RemoveEventHandler(r.reg)
-		}
+		hs.Remove(logger)
 		return nil, err
 	}
-	return regs, nil
-}
-
-// removeHandlers removes handlers added by addEventHandlers.
-func removeHandlers(logger klog.Logger, regs []handler) {
-	for _, r := range regs {
-		if err := r.inf.RemoveEventHandler(r.reg); err != nil {
-			logger.V(4).Info("Could not remove an event handler", "err", err.Error())
-		}
-	}
+	return hs, nil
 }
 
 func (c *Controller) vaAdded(obj any) {

@@ -107,8 +107,8 @@ func newCSINodeController(cfg Config) *csiNodeController {
 func (c *csiNodeController) run(ctx context.Context) error {
 	logger := klog.FromContext(ctx)
 	defer c.queue.ShutDown()
-	var regs []handler
-	defer func() { removeHandlers(logger, regs) }()
+	handlers := &kube.Handlers{}
+	defer handlers.Remove(logger)
 	for _, h := range []struct {
 		inf cache.SharedIndexInformer
 		h   cache.ResourceEventHandler
@@ -128,18 +128,13 @@ func (c *csiNodeController) run(ctx context.Context) error {
 			UpdateFunc: func(old, obj any) { c.vaChanged(ctx, old, obj) },
 		}},
 	} {
-		reg, err := h.inf.AddEventHandler(h.h)
-		if err != nil {
+		if err := handlers.Add(h.inf, h.h, 0); err != nil {
 			return fmt.Errorf("CSINode controller: event handler: %w", err)
 		}
-		regs = append(regs, handler{inf: h.inf, reg: reg})
 	}
 	go c.csiNodeInformer.RunWithContext(ctx)
 	go c.driverInformer.RunWithContext(ctx)
-	synced := []cache.InformerSynced{c.csiNodeInformer.HasSynced, c.driverInformer.HasSynced, c.vaInformer.HasSynced}
-	for _, r := range regs {
-		synced = append(synced, r.reg.HasSynced)
-	}
+	synced := append([]cache.InformerSynced{c.csiNodeInformer.HasSynced, c.driverInformer.HasSynced, c.vaInformer.HasSynced}, handlers.Synced()...)
 	logger.Info("Starting the CSINode controller (direct mode)", "node", c.node)
 	if !cache.WaitForNamedCacheSyncWithContext(ctx, synced...) {
 		return nil // ctx ended
@@ -155,41 +150,20 @@ func (c *csiNodeController) run(ctx context.Context) error {
 	return nil
 }
 
-// handler is one event handler added to an informer.
-type handler struct {
-	inf cache.SharedIndexInformer
-	reg cache.ResourceEventHandlerRegistration
-}
-
-func removeHandlers(logger klog.Logger, regs []handler) {
-	for _, r := range regs {
-		if err := r.inf.RemoveEventHandler(r.reg); err != nil {
-			logger.V(4).Info("Could not remove an event handler", "err", err.Error())
-		}
-	}
-}
-
 func (c *csiNodeController) worker(ctx context.Context) {
 	for c.processNext(ctx) {
 	}
 }
 
-// processNext syncs the entry once. It is the only place that calls Done,
-// Forget and the rate-limited re-adds of the queue. While the driver is
-// away it waits, rather than fail and back off.
+// processNext syncs the entry once (kube.Queue.ProcessNext: the one place
+// that ends an item). While the driver is away it waits, rather than fail
+// and back off.
 func (c *csiNodeController) processNext(ctx context.Context) bool {
-	if err := c.csi.WaitReady(ctx); err != nil {
-		return false
-	}
-	key, quit := c.queue.Q.Get()
-	if quit {
-		return false
-	}
-	defer c.queue.Q.Done(key)
-	err := c.sync(ctx)
-	c.record(err)
-	c.queue.Handle(ctx, key, err, csiclient.IsFinal(err))
-	return true
+	return c.queue.ProcessNext(ctx, c.csi.WaitReady, func(ctx context.Context, _ string) error {
+		err := c.sync(ctx)
+		c.record(err)
+		return err
+	}, csiclient.IsFinal)
 }
 
 func (c *csiNodeController) record(err error) {

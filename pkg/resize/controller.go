@@ -178,18 +178,15 @@ func (c *Controller) Run(ctx context.Context) error {
 	// Added only now, when this replica starts acting: the shared
 	// informers run on a standby replica too, and adding a handler to a
 	// running informer replays its cache.
-	regs, err := c.addEventHandlers()
+	handlers, err := c.addEventHandlers(logger)
 	if err != nil {
 		return fmt.Errorf("resize controller: event handlers: %w", err)
 	}
-	defer removeHandlers(logger, regs)
+	defer handlers.Remove(logger)
 
 	logger.Info("Starting the resize controller", "driver", c.cfg.DriverName, "workers", c.cfg.Workers,
 		"queue", c.queue.Name, "handleVolumeInUseError", c.cfg.HandleVolumeInUseError)
-	synced := []cache.InformerSynced{c.pvcInformer.HasSynced, c.pvInformer.HasSynced}
-	for _, r := range regs {
-		synced = append(synced, r.reg.HasSynced)
-	}
+	synced := append([]cache.InformerSynced{c.pvcInformer.HasSynced, c.pvInformer.HasSynced}, handlers.Synced()...)
 	if !cache.WaitForNamedCacheSyncWithContext(ctx, synced...) {
 		return nil // ctx ended
 	}
@@ -215,33 +212,26 @@ func (c *Controller) worker(ctx context.Context) {
 // place that calls Done and, through Queue.Handle, forgets or re-adds a
 // claim. It returns false when the worker should stop.
 func (c *Controller) processNext(ctx context.Context) bool {
-	// While the driver is away, wait with the claims still queued rather
-	// than fail each of them.
-	if err := c.csi.WaitReady(ctx); err != nil {
-		return false
-	}
-	key, quit := c.queue.Q.Get()
-	if quit {
-		return false
-	}
-	defer c.queue.Q.Done(key)
-	if err := c.csi.WaitReady(ctx); err != nil {
-		c.queue.Q.Add(key) // back in the queue unless it is shutting down
-		return false
-	}
-	c.syncOne(ctx, key)
-	return true
+	// While the driver is away, the claims wait in the queue rather than
+	// fail each.
+	return c.queue.ProcessNext(ctx, c.csi.WaitReady, c.trackedSync, isFinal)
 }
 
-// syncOne syncs key and ends the sync: Queue.Handle forgets its backoff or
-// queues it again, and an update event that arrived during the sync and
+// trackedSync syncs key; an update event that arrived during the sync and
 // was not the sync's own write queues it once more.
-func (c *Controller) syncOne(ctx context.Context, key string) error {
+func (c *Controller) trackedSync(ctx context.Context, key string) error {
 	c.state.begin(key)
 	err := c.sync(ctx, key)
 	if c.state.end(key) {
 		c.queue.Q.Add(key)
 	}
+	return err
+}
+
+// syncOne syncs key and ends the sync as a worker does: Queue.Handle
+// forgets its backoff or queues it again.
+func (c *Controller) syncOne(ctx context.Context, key string) error {
+	err := c.trackedSync(ctx, key)
 	c.queue.Handle(ctx, key, err, err != nil && isFinal(err))
 	return err
 }

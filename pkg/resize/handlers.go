@@ -4,60 +4,32 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
-)
 
-// handler is one event handler the controller added to a shared informer.
-type handler struct {
-	inf cache.SharedIndexInformer
-	reg cache.ResourceEventHandlerRegistration
-}
+	"github.com/loopvol/loopvol/internal/kube"
+)
 
 // addEventHandlers adds the controller's handlers to the claim and volume
 // informers. On an error the handlers added so far are removed again.
-func (c *Controller) addEventHandlers() ([]handler, error) {
-	var regs []handler
-	add := func(inf cache.SharedIndexInformer, h cache.ResourceEventHandler, resync bool) error {
-		var reg cache.ResourceEventHandlerRegistration
-		var err error
-		if resync && c.cfg.Resync > 0 {
-			reg, err = inf.AddEventHandlerWithResyncPeriod(h, c.cfg.Resync)
-		} else {
-			reg, err = inf.AddEventHandler(h)
-		}
-		if err == nil {
-			regs = append(regs, handler{inf: inf, reg: reg})
-		}
-		return err
-	}
+func (c *Controller) addEventHandlers(logger klog.Logger) (*kube.Handlers, error) {
+	hs := &kube.Handlers{}
 	// Claims are resynced: a request raised again while an expansion ran
 	// may have been judged on the state before it.
-	err := add(c.pvcInformer, cache.ResourceEventHandlerFuncs{
+	err := hs.Add(c.pvcInformer, cache.ResourceEventHandlerFuncs{
 		AddFunc:    c.claimAdded,
 		UpdateFunc: c.claimUpdated,
 		DeleteFunc: c.claimDeleted,
-	}, true)
+	}, c.cfg.Resync)
 	if err == nil {
-		err = add(c.pvInformer, cache.ResourceEventHandlerFuncs{
+		err = hs.Add(c.pvInformer, cache.ResourceEventHandlerFuncs{
 			AddFunc:    c.volumeAdded,
 			DeleteFunc: c.volumeDeleted,
-		}, false)
+		}, 0)
 	}
 	if err != nil {
-		for _, r := range regs {
-			_ = r.inf.RemoveEventHandler(r.reg)
-		}
+		hs.Remove(logger)
 		return nil, err
 	}
-	return regs, nil
-}
-
-// removeHandlers removes handlers added by addEventHandlers.
-func removeHandlers(logger klog.Logger, regs []handler) {
-	for _, r := range regs {
-		if err := r.inf.RemoveEventHandler(r.reg); err != nil {
-			logger.V(4).Info("Could not remove an event handler", "err", err.Error())
-		}
-	}
+	return hs, nil
 }
 
 func claimKey(pvc *corev1.PersistentVolumeClaim) string { return pvc.Namespace + "/" + pvc.Name }
