@@ -2,6 +2,7 @@ package capacity
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -12,6 +13,7 @@ import (
 	storagev1 "k8s.io/api/storage/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/runtime"
+	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/loopvol/loopvol/internal/kube"
 	"github.com/loopvol/loopvol/pkg/csiclient"
@@ -253,6 +255,12 @@ func TestPersistentVolumesRefreshTheirSegments(t *testing.T) {
 		{Pool: "fast-pool", Zone: "z1"}, {Pool: "fast-pool", Zone: "z2"}, {Pool: "slow-pool", Zone: "z1"}, {Pool: "slow-pool", Zone: "z2"},
 	}, f.csi.takeCalls())
 
+	// A volume in a zone without nodes here: nothing.
+	f.update(pv("pv4", "fast", "z9", gi))
+	if n := f.c.q.Q.Len(); n != 0 {
+		t.Errorf("a PV in a zone the controller does not publish queued %d items", n)
+	}
+
 	// Another driver's volume: nothing.
 	other := pv("pv3", "fast", "z1", gi)
 	other.Spec.CSI.Driver = "other.csi.io"
@@ -354,5 +362,59 @@ func TestMetrics(t *testing.T) {
 	f.drain()
 	if err := testutil.GatherAndCompare(f.registry, strings.NewReader(want(4, 4, 0)), names...); err != nil {
 		t.Errorf("after the sync: %v", err)
+	}
+}
+
+// TestWatchBeforeAnswer: the watch event of the controller's own write may
+// arrive before the write's answer; it is still known for its own and
+// queues nothing.
+func TestWatchBeforeAnswer(t *testing.T) {
+	f := newFixture(t, topoCaps, with(twoZones(), class("fast")))
+	// A reactor in front of the others: it lets them store the write, then
+	// delivers the watch event, then answers.
+	chain := slices.Clone(f.client.ReactionChain)
+	f.client.PrependReactor("*", "csistoragecapacities", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if a.GetVerb() != "create" && a.GetVerb() != "patch" {
+			return false, nil, nil
+		}
+		for _, r := range chain {
+			if !r.Handles(a) {
+				continue
+			}
+			if handled, obj, err := r.React(a); handled {
+				if err == nil {
+					f.observe()
+				}
+				return true, obj, err
+			}
+		}
+		return false, nil, nil
+	})
+	it := workItem{class: "fast", segment: zoneKey + "=z1"}
+	f.drainQueued(t, "nothing") // what the start queued
+	if err := f.c.sync(f.ctx, it); err != nil {
+		t.Fatal(err)
+	}
+	f.drainQueued(t, "the watch event of the controller's own create, seen before its answer")
+	f.csi.setFree("z1", 9*gi)
+	if err := f.c.sync(f.ctx, it); err != nil {
+		t.Fatal(err)
+	}
+	f.drainQueued(t, "the watch event of the controller's own patch, seen before its answer")
+	if n := len(f.writes()); n != 2 {
+		t.Errorf("%d writes, want a create and a patch", n)
+	}
+}
+
+// drainQueued empties the queue without syncing; what == "nothing" takes
+// anything, else each item queued is an error.
+func (f *fixture) drainQueued(t *testing.T, what string) {
+	t.Helper()
+	for f.c.q.Q.Len() > 0 {
+		it, _ := f.c.q.Q.Get()
+		f.c.q.Q.Done(it)
+		if what != "nothing" {
+			t.Errorf("%s queued %v", what, it)
+		}
 	}
 }

@@ -169,19 +169,20 @@ func (c *Controller) pvChanged(logger klog.Logger, oldObj, obj any) {
 }
 
 // refreshPV refreshes the items of every wanted class in the segments
-// pv's node affinity allows (all segments when it allows none of them).
-// Every class, not only pv's: classes of one driver may share a pool, and
-// only the driver knows which.
+// pv's node affinity allows: all of them for a volume without node
+// affinity, none for a volume in a segment this controller does not
+// publish (another node's, with --node-deployment). Every class, not only
+// pv's: classes of one driver may share a pool, and only the driver knows
+// which.
 func (c *Controller) refreshPV(logger klog.Logger, pv *corev1.PersistentVolume) {
-	all := c.topo.keys()
 	var segs []string
-	for _, seg := range all {
+	for _, seg := range c.topo.keys() {
 		if affinityMatches(pv.Spec.NodeAffinity, segmentLabels(seg)) {
 			segs = append(segs, seg)
 		}
 	}
 	if len(segs) == 0 {
-		segs = all
+		return
 	}
 	classes := c.wantedClasses()
 	logger.V(5).Info("PersistentVolume changed, refreshing its segments", "persistentVolume", klog.KObj(pv), "segments", segs, "storageClasses", classes)

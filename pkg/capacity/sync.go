@@ -74,14 +74,34 @@ func (c *Controller) state(it workItem) *itemState {
 	return st
 }
 
-// upToDate tells whether o is the object the last sync of it left, with the
-// figures it published and the right owner.
+// upToDate tells whether o is the object the last sync of it left (or the
+// one a create in flight is making), with the figures it published and the
+// right owner.
 func (c *Controller) upToDate(it workItem, o *storagev1.CSIStorageCapacity) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	st := c.items[it]
-	return st != nil && st.published != nil && st.publishedUID == o.UID &&
+	return st != nil && st.published != nil && (st.publishedUID == o.UID || st.publishedUID == "") &&
 		st.published.equal(o.Capacity, o.MaximumVolumeSize) && !c.ownerMissing(o)
+}
+
+// intend records, before a write, what the object of it will be: the watch
+// event of the write may come before the write's answer, and must be known
+// for the controller's own. uid is "" for a create. A failed write undoes
+// it with unintend.
+func (c *Controller) intend(it workItem, uid types.UID, want figures) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	st := c.state(it)
+	st.publishedUID, st.published = uid, &want
+}
+
+func (c *Controller) unintend(it workItem) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if st := c.items[it]; st != nil {
+		st.publishedUID, st.published = "", nil
+	}
 }
 
 // forgetObject drops what the controller remembers of a deleted object.
@@ -257,8 +277,10 @@ func (c *Controller) create(ctx context.Context, it workItem, want figures) erro
 	if c.owner != nil {
 		obj.OwnerReferences = []metav1.OwnerReference{*c.owner}
 	}
+	c.intend(it, "", want)
 	created, err := c.client.StorageV1().CSIStorageCapacities(c.cfg.Namespace).Create(ctx, obj, metav1.CreateOptions{})
 	if err != nil {
+		c.unintend(it)
 		return fmt.Errorf("create the CSIStorageCapacity: %w", err)
 	}
 	klog.FromContext(ctx).V(2).Info("Created CSIStorageCapacity", "csiStorageCapacity", klog.KObj(created),
@@ -290,8 +312,10 @@ func (c *Controller) update(ctx context.Context, it workItem, o *storagev1.CSISt
 	if err != nil {
 		return fmt.Errorf("encode the patch of CSIStorageCapacity %s: %w", o.Name, err)
 	}
+	c.intend(it, o.UID, want)
 	patched, err := c.client.StorageV1().CSIStorageCapacities(o.Namespace).Patch(ctx, o.Name, types.MergePatchType, data, metav1.PatchOptions{})
 	if err != nil {
+		c.unintend(it)
 		if apierrors.IsNotFound(err) {
 			c.forgetObject(it, o.UID)
 		}
