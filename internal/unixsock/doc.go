@@ -7,8 +7,11 @@
 // gives every file another goroutine creates at that moment the wrong mode.
 // Listen binds inside a fresh owner-only directory next to the final path,
 // sets the mode there, where no one else can reach the socket yet, and links
-// it into place. A stale socket at the final path is replaced; any other kind
-// of file there is refused, so a wrong flag cannot delete someone's data.
+// it into place. A stale socket at the final path (one that refuses
+// connections) is replaced; a socket that another process still serves is
+// refused, so a second driver started on the same endpoint cannot cut the
+// first off, and any other kind of file there is refused, so a wrong flag
+// cannot delete someone's data.
 // Closing a Listener removes its socket only if the path still holds that
 // socket, not one a newer process has put there since.
 package unixsock

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -46,10 +47,11 @@ type Listener struct {
 
 // Listen creates a unix socket at path with the permission bits perm
 // (0o600: only the owner may connect), listens on it and returns the
-// listener. The directory of path is created (0750) when missing. A socket
-// already at path, left by an earlier run, is replaced; any other kind of
-// file there is an error, and it is left as it was. Listen never changes the
-// process's umask.
+// listener. The directory of path is created (0750) when missing. A stale
+// socket already at path, left by an earlier run, is replaced; a socket that
+// another process still serves is refused with an error wrapping ErrInUse,
+// and any other kind of file there is an error too; both are left as they
+// were. Listen never changes the process's umask.
 //
 // The socket is bound in a new temporary directory next to path that only
 // the owner can enter, given its mode there and hard-linked to path, which
@@ -113,6 +115,9 @@ func Listen(path string, perm fs.FileMode) (*Listener, error) {
 		return nil, err
 	}
 	if stale {
+		// A process that put its live socket at path between the check
+		// and this removal would lose it here; the window is two system
+		// calls wide, not the whole start of a process.
 		if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return nil, fmt.Errorf("remove stale socket %s: %w", path, err)
 		}
@@ -148,13 +153,19 @@ func bind(tmp, sock string) (*net.UnixListener, error) {
 	return ul, nil
 }
 
-// staleSocket reports whether path holds a socket (true) or nothing
-// (false), and fails when it holds anything else.
+// ErrInUse is returned by Listen when another process still serves the
+// socket at the path.
+var ErrInUse = errors.New("socket is served by another process")
+
+// staleSocket reports whether path holds a stale socket (true) or nothing
+// (false). It fails when the path holds anything else, or a socket that
+// still accepts connections: a second driver started on the same path by
+// mistake must not cut the first one off from kubelet and the sidecars.
 func staleSocket(path string) (bool, error) {
 	st, err := os.Lstat(path)
 	switch {
 	case err == nil && st.Mode()&fs.ModeSocket != 0:
-		return true, nil
+		return stale(path)
 	case err == nil:
 		return false, fmt.Errorf("%s exists and is not a socket (%s); refusing to replace it", path, st.Mode().Type())
 	case errors.Is(err, fs.ErrNotExist):
@@ -201,3 +212,29 @@ func (l *Listener) Close() error {
 	})
 	return l.closeErr
 }
+
+// stale tells a stale socket from a live one by connecting to it. A
+// connection that is refused (ECONNREFUSED: nothing listens) or finds no
+// file (ENOENT: removed in between) is stale; a connection that succeeds,
+// also one queued by a process too busy to accept it, is live. Anything else
+// (EACCES, say) leaves it unknown, and Listen refuses rather than guess.
+func stale(path string) (bool, error) {
+	c, err := net.DialTimeout("unix", path, dialTimeout)
+	switch {
+	case err == nil:
+		_ = c.Close()
+		return false, fmt.Errorf("%s: %w; stop it first, or give this process another endpoint", path, ErrInUse)
+	case errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ENOENT):
+		return true, nil
+	case errors.Is(err, syscall.EAGAIN):
+		// The listener's backlog is full: it is alive, only busy.
+		return false, fmt.Errorf("%s: %w (its backlog is full)", path, ErrInUse)
+	default:
+		return false, fmt.Errorf("cannot tell whether %s is still served, refusing to replace it: %w", path, err)
+	}
+}
+
+// dialTimeout bounds the connection attempt of stale. A unix socket answers
+// at once whether or not anyone listens, so the bound only matters for a
+// process that stopped accepting with a full backlog.
+const dialTimeout = time.Second

@@ -4,9 +4,11 @@ import (
 	"bufio"
 	"bytes"
 	"errors"
+	"fmt"
 	"io/fs"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -14,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 func TestParseEndpoint(t *testing.T) {
@@ -137,6 +141,95 @@ func TestListenReplacesAStaleSocket(t *testing.T) {
 	serves(t, l)
 }
 
+// helperEnv makes the test binary, run again as a child process, serve the
+// socket named in the variable (see TestMain).
+const helperEnv = "UNIXSOCK_TEST_SERVE"
+
+func TestMain(m *testing.M) {
+	if path := os.Getenv(helperEnv); path != "" {
+		serveForever(path)
+	}
+	os.Exit(m.Run())
+}
+
+// serveForever listens on path, says "ready" on stdout and accepts
+// connections until it is killed.
+func serveForever(path string) {
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	fmt.Println("ready")
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			os.Exit(3)
+		}
+		c.Close()
+	}
+}
+
+// TestListenRefusesALiveSocket: a socket another process serves is not
+// taken over, by Listen or by anything it does on the way; once that
+// process is killed (leaving its socket file behind, as SIGKILL does), the
+// same Listen replaces the stale socket.
+func TestListenRefusesALiveSocket(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "csi.sock")
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), helperEnv+"="+path)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || line != "ready\n" {
+		t.Fatalf("helper said %q, %v; want ready", line, err)
+	}
+	var before unix.Stat_t
+	if err := unix.Lstat(path, &before); err != nil {
+		t.Fatal(err)
+	}
+
+	for range 3 {
+		l, err := Listen(path, 0o600)
+		if err == nil {
+			l.Close()
+			t.Fatal("Listen took over a socket another process serves")
+		}
+		if !errors.Is(err, ErrInUse) {
+			t.Errorf("Listen = %v, want an error wrapping ErrInUse", err)
+		}
+	}
+	var after unix.Stat_t
+	if err := unix.Lstat(path, &after); err != nil || after.Ino != before.Ino {
+		t.Fatalf("the live socket was replaced or removed (inode %d → %d, %v)", before.Ino, after.Ino, err)
+	}
+	if got := entries(t, dir); len(got) != 1 {
+		t.Errorf("directory holds %q, want only the live socket", got)
+	}
+	c, err := net.Dial("unix", path)
+	if err != nil {
+		t.Fatalf("the other process no longer serves its socket: %v", err)
+	}
+	c.Close()
+
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = cmd.Wait()
+	if _, err := os.Lstat(path); err != nil {
+		t.Fatalf("the killed process's socket file is gone (%v); the test wants it stale", err)
+	}
+	l := listen(t, path, 0o600)
+	serves(t, l)
+}
+
 func TestListenRefusesOtherFiles(t *testing.T) {
 	dir := t.TempDir()
 	file := filepath.Join(dir, "data")
@@ -213,9 +306,12 @@ func TestCloseRemovesOnlyItsOwnSocket(t *testing.T) {
 		t.Errorf("second Close: %v", err)
 	}
 
-	// A newer process has replaced the socket: the old one's Close leaves
-	// the new one alone.
+	// Someone removed the socket and a newer process put its own in place:
+	// the old one's Close leaves the new one alone.
 	old := listen(t, path, 0o600)
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
 	newer := listen(t, path, 0o600)
 	if ok, _ := old.InPlace(); ok {
 		t.Error("the replaced listener says it is in place")

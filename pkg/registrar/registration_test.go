@@ -19,8 +19,6 @@ import (
 	"google.golang.org/protobuf/testing/protocmp"
 	"k8s.io/klog/v2/ktesting"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
-
-	"github.com/loopvol/loopvol/internal/unixsock"
 )
 
 // kubeletConfig is a kubelet-mode registrar in a fresh registration
@@ -291,23 +289,36 @@ func TestRegistrationLeavesAReplacementAlone(t *testing.T) {
 	k.waitServed()
 	k.notify(true, "")
 
-	other, err := unixsock.Listen(k.path, 0o600)
+	// Another process puts its socket in place in one step: unixsock.Listen
+	// itself refuses a path that this registrar still serves.
+	other, err := net.ListenUnix("unix", &net.UnixAddr{Name: k.path + ".new", Net: "unix"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer other.Close()
+	if err := os.Rename(k.path+".new", k.path); err != nil {
+		t.Fatal(err)
+	}
+	var st syscall.Stat_t
+	if err := syscall.Lstat(k.path, &st); err != nil {
+		t.Fatal(err)
+	}
+	inPlace := func() bool {
+		var now syscall.Stat_t
+		return syscall.Lstat(k.path, &now) == nil && now.Ino == st.Ino
+	}
 	eventually(t, "the registrar notices it no longer serves the socket", func() bool {
 		err := r.Healthy()
 		return err != nil && strings.Contains(err.Error(), "does not serve")
 	})
-	if ok, _ := other.InPlace(); !ok {
+	if !inPlace() {
 		t.Fatal("the registrar took the path back")
 	}
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	if ok, _ := other.InPlace(); !ok {
+	if !inPlace() {
 		t.Fatal("the registrar removed the other process's socket when it stopped")
 	}
 }
