@@ -22,7 +22,7 @@ type fixture struct {
 	root  string
 }
 
-func newFixture(t *testing.T, zones map[string]string) *fixture {
+func newFixture(t testing.TB, zones map[string]string) *fixture {
 	t.Helper()
 	f := &fixture{pools: map[string]*pool.Pool{}, root: t.TempDir()}
 	var list []*pool.Pool
@@ -42,7 +42,7 @@ func newFixture(t *testing.T, zones map[string]string) *fixture {
 	return f
 }
 
-func (f *fixture) addNode(t *testing.T, poolName, node string, max int64) {
+func (f *fixture) addNode(t testing.TB, poolName, node string, max int64) {
 	t.Helper()
 	if err := f.pools[poolName].WriteNode(pool.NodeRecord{ID: node, Zone: f.pools[poolName].Zone, MaxVolumes: max}); err != nil {
 		t.Fatal(err)
@@ -83,7 +83,7 @@ func wantCode(t *testing.T, err error, code codes.Code) {
 	}
 }
 
-func ctx(t *testing.T) context.Context {
+func ctx(t testing.TB) context.Context {
 	_, c := ktesting.NewTestContext(t)
 	return c
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/loopvol/loopvol/pkg/pool"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"k8s.io/klog/v2"
 )
 
 // allVolumeIDs returns the IDs of every volume in every pool, sorted by their
@@ -58,21 +59,27 @@ func page(ids []pool.VolumeID, token string, maxEntries int32) ([]pool.VolumeID,
 }
 
 // ListVolumes lists volumes with the nodes they are published to, a page at
-// a time. A volume whose record cannot be read is listed with its ID only.
+// a time. A volume whose record cannot be read (ControllerGetVolumeHealth
+// says why) is listed with its ID only; the rest are listed as usual.
 func (s *Server) ListVolumes(ctx context.Context, req *csi.ListVolumesRequest) (*csi.ListVolumesResponse, error) {
 	ids, next, err := s.volumePage(req.GetStartingToken(), req.GetMaxEntries())
 	if err != nil {
 		return nil, err
 	}
+	logger := klog.FromContext(ctx)
 	resp := &csi.ListVolumesResponse{NextToken: next}
 	for _, id := range ids {
 		p := s.pools[id.Pool]
 		entry := &csi.ListVolumesResponse_Entry{Volume: &csi.Volume{VolumeId: id.String()}, Status: &csi.ListVolumesResponse_VolumeStatus{}}
-		if v, err := p.ReadVolume(id); err == nil {
+		v, err := p.ReadVolume(id)
+		switch {
+		case err == nil:
 			entry.Volume = s.csiVolume(p, v)
 			entry.Status.PublishedNodeIds = nodesOf(v)
-		} else if errors.Is(err, pool.ErrNotFound) {
+		case errors.Is(err, pool.ErrNotFound):
 			continue // deleted while we listed
+		default:
+			logger.V(2).Info("Listed a volume whose record cannot be read", "volumeID", id.String(), "err", err.Error())
 		}
 		resp.Entries = append(resp.Entries, entry)
 	}
@@ -116,7 +123,8 @@ func (s *Server) ControllerGetVolumeHealth(ctx context.Context, req *csi.Control
 }
 
 // ControllerListVolumeHealth reports the condition of every volume, paged as
-// ListVolumes.
+// ListVolumes. One broken entry (a record that is a FIFO, a directory, too
+// large, unreadable) is reported in its own entry; it never fails the list.
 func (s *Server) ControllerListVolumeHealth(ctx context.Context, req *csi.ControllerListVolumeHealthRequest) (*csi.ControllerListVolumeHealthResponse, error) {
 	ids, next, err := s.volumePage(req.GetStartingToken(), req.GetMaxEntries())
 	if err != nil {
@@ -126,19 +134,26 @@ func (s *Server) ControllerListVolumeHealth(ctx context.Context, req *csi.Contro
 	for _, id := range ids {
 		h, err := health(s.pools[id.Pool], id)
 		if errors.Is(err, pool.ErrNotFound) {
-			continue
-		}
-		if err != nil {
-			return nil, toStatus(err)
+			continue // deleted while we listed
 		}
 		resp.Entries = append(resp.Entries, h)
 	}
 	return resp, nil
 }
 
+// Health reasons: what is wrong with a volume, as the controller sees it.
+const (
+	reasonRecordCorrupt    = "RecordCorrupt"
+	reasonRecordUnreadable = "RecordUnreadable"
+	reasonImageMissing     = "ImageMissing"
+	reasonImageUntrusted   = "ImageUntrusted"
+	reasonImageUnreadable  = "ImageUnreadable"
+	reasonImageTooSmall    = "ImageTooSmall"
+)
+
 // health checks what the controller can see of a volume: its record and its
-// image. An unknown volume is NOT_FOUND; a broken one is reported, not an
-// error.
+// image. An unknown volume is NOT_FOUND (with h nil); anything else that is
+// wrong is reported in h, never as an error.
 func health(p *pool.Pool, id pool.VolumeID) (*csi.VolumeHealth, error) {
 	h := &csi.VolumeHealth{VolumeId: id.String()}
 	bad := func(t csi.VolumeHealthErrorType, reason, msg string) (*csi.VolumeHealth, error) {
@@ -147,19 +162,23 @@ func health(p *pool.Pool, id pool.VolumeID) (*csi.VolumeHealth, error) {
 	}
 	v, err := p.ReadVolume(id)
 	switch {
-	case errors.Is(err, pool.ErrCorrupt):
-		return bad(csi.VolumeHealthErrorType_INACCESSIBLE, "RecordCorrupt", err.Error())
-	case err != nil:
+	case errors.Is(err, pool.ErrNotFound):
 		return nil, err
+	case errors.Is(err, pool.ErrCorrupt):
+		return bad(csi.VolumeHealthErrorType_INACCESSIBLE, reasonRecordCorrupt, err.Error())
+	case err != nil:
+		return bad(csi.VolumeHealthErrorType_INACCESSIBLE, reasonRecordUnreadable, err.Error())
 	}
 	size, err := p.ImageSize(id)
 	switch {
 	case errors.Is(err, pool.ErrNotFound):
-		return bad(csi.VolumeHealthErrorType_DATA_LOSS, "ImageMissing", fmt.Sprintf("the image file %s is missing", p.ImagePath(id)))
+		return bad(csi.VolumeHealthErrorType_DATA_LOSS, reasonImageMissing, fmt.Sprintf("the image file %s is missing", p.ImagePath(id)))
+	case errors.Is(err, pool.ErrUntrusted):
+		return bad(csi.VolumeHealthErrorType_INACCESSIBLE, reasonImageUntrusted, err.Error())
 	case err != nil:
-		return bad(csi.VolumeHealthErrorType_INACCESSIBLE, "ImageUnreadable", err.Error())
+		return bad(csi.VolumeHealthErrorType_INACCESSIBLE, reasonImageUnreadable, err.Error())
 	case size < v.SizeBytes:
-		return bad(csi.VolumeHealthErrorType_DEGRADED, "ImageTooSmall", fmt.Sprintf("the image holds %d bytes, the volume is %d", size, v.SizeBytes))
+		return bad(csi.VolumeHealthErrorType_DEGRADED, reasonImageTooSmall, fmt.Sprintf("the image holds %d bytes, the volume is %d", size, v.SizeBytes))
 	}
 	return h, nil
 }

@@ -2,7 +2,6 @@ package pool
 
 import (
 	"fmt"
-	"os"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -19,6 +18,15 @@ type Usage struct {
 	// AvailableBytes is what new volumes may still get:
 	// FreeBytes - PromisedBytes - ReserveBytes, never below zero.
 	AvailableBytes int64
+	// OrphanImages counts images without a record: the remains of a
+	// CreateVolume that died between the image and its record (or of a
+	// record that was removed). Their blocks are allocated, so FreeBytes
+	// already excludes them, and their unallocated rest is promised: they
+	// stay out of AvailableBytes until a retried CreateVolume reuses them
+	// or Sweep reclaims them.
+	OrphanImages int
+	// OrphanBytes is the size of those images.
+	OrphanBytes int64
 }
 
 // Available returns Usage().AvailableBytes. It is also the largest single
@@ -32,42 +40,52 @@ func (p *Pool) Available() (int64, error) {
 // Usage measures the pool now.
 func (p *Pool) Usage() (Usage, error) {
 	var st unix.Statfs_t
-	if err := unix.Statfs(p.Path, &st); err != nil {
+	if err := unix.Fstatfs(p.vols.fd(), &st); err != nil {
 		return Usage{}, fmt.Errorf("pool %s: statfs %s: %w", p.Name, p.Path, err)
 	}
 	u := Usage{
 		TotalBytes: int64(st.Blocks) * st.Bsize,
 		FreeBytes:  int64(st.Bavail) * st.Bsize,
 	}
-	promised, err := p.promisedBytes()
-	if err != nil {
+	if err := p.countImages(&u); err != nil {
 		return Usage{}, err
 	}
-	u.PromisedBytes = promised
-	u.AvailableBytes = max(0, u.FreeBytes-promised-p.ReserveBytes)
+	u.AvailableBytes = max(0, u.FreeBytes-u.PromisedBytes-p.ReserveBytes)
 	return u, nil
 }
 
-// promisedBytes adds up, over all images, the bytes of their size that the
-// filesystem has not allocated yet: sparse images (no fallocate) will take
-// them when written.
-func (p *Pool) promisedBytes() (int64, error) {
-	entries, err := os.ReadDir(p.volumesPath())
+// countImages adds up, over all images, the bytes of their size that the
+// filesystem has not allocated yet (sparse images, with no fallocate, will
+// take them when written), and counts the images that have no record. An
+// entry that is not a regular file (a symlink named like an image) is no
+// image of ours and promises nothing.
+func (p *Pool) countImages(u *Usage) error {
+	names, err := p.vols.names()
 	if err != nil {
-		return 0, fmt.Errorf("pool %s: list images: %w", p.Name, err)
+		return fmt.Errorf("pool %s: list images: %w", p.Name, err)
 	}
-	var total int64
-	for _, e := range entries {
-		if !strings.HasSuffix(e.Name(), imageSuffix) {
+	records := map[string]bool{}
+	for _, name := range names {
+		if hash, ok := strings.CutSuffix(name, recordSuffix); ok {
+			records[hash] = true
+		}
+	}
+	for _, name := range names {
+		hash, ok := strings.CutSuffix(name, imageSuffix)
+		if !ok {
 			continue
 		}
-		var st unix.Stat_t
-		if err := unix.Stat(p.volumesPath()+"/"+e.Name(), &st); err != nil {
-			continue // deleted meanwhile
+		st, err := p.vols.stat(name)
+		if err != nil || st.Mode&unix.S_IFMT != unix.S_IFREG {
+			continue // deleted meanwhile, or not an image
 		}
 		if unallocated := st.Size - st.Blocks*512; unallocated > 0 {
-			total += unallocated
+			u.PromisedBytes += unallocated
+		}
+		if !records[hash] {
+			u.OrphanImages++
+			u.OrphanBytes += st.Size
 		}
 	}
-	return total, nil
+	return nil
 }

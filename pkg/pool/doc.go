@@ -8,6 +8,19 @@
 // record, never half of one; a record that does not parse is reported as
 // ErrCorrupt, never a panic.
 //
+// Every file in a pool is untrusted: a shared pool is written by every node
+// that serves it. The pool's directories are opened once and every file is
+// reached relative to them without following symlinks, checked on the
+// descriptor that is then used (a regular file of the pool directory's
+// owner with one name) and read with a bound (MaxRecordBytes). One bad entry
+// is reported for itself; the rest of the pool is served (fs.go).
+//
+// Two processes may serve one pool (two controllers, or a controller and
+// node plugins on NFS): a volume lock (in-process mutex plus flock) guards
+// each volume's record and image, and a pool lock makes each capacity check
+// and the allocation it allows one step (lock.go). Sweep removes what killed
+// processes left (sweep.go).
+//
 // The package imports only the standard library and x/sys: it knows nothing of
 // gRPC or Kubernetes. Callers map its sentinel errors to status codes.
 package pool

@@ -21,4 +21,10 @@ var (
 	ErrBusy = errors.New("an operation on this volume is in progress")
 	// ErrPoolMismatch: the directory is marked as a different pool.
 	ErrPoolMismatch = errors.New("directory belongs to another pool")
+	// ErrUntrusted: a pool file is not what loopvol makes (a symlink, FIFO,
+	// directory, device or hard link in place of a record or image, or a
+	// file of another owner); it is never followed or opened for I/O.
+	ErrUntrusted = errors.New("pool file cannot be trusted")
+	// ErrTooLarge: a record would exceed MaxRecordBytes.
+	ErrTooLarge = errors.New("record too large")
 )

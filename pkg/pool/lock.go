@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"sync"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -16,7 +17,8 @@ type Unlock func()
 // goroutines of this process never queue up behind each other, and flock on a
 // lock file, so that two processes sharing the pool (NFS) do not write one
 // record at once. A held lock gives ErrBusy, which the servers turn into
-// ABORTED: the caller retries later, as the CSI spec asks.
+// ABORTED: the caller retries later, as the CSI spec asks. Every decision
+// that depends on a volume's record reads the record after Lock returns.
 func (p *Pool) Lock(id VolumeID) (Unlock, error) {
 	if err := p.own(id); err != nil {
 		return nil, err
@@ -26,7 +28,10 @@ func (p *Pool) Lock(id VolumeID) (Unlock, error) {
 	if !mu.TryLock() {
 		return nil, fmt.Errorf("volume %s: %w", id, ErrBusy)
 	}
-	f, err := p.flock(id)
+	f, err := p.flock(p.vols, lockName(id))
+	if errors.Is(err, ErrBusy) {
+		err = fmt.Errorf("volume %s is locked by another process: %w", id, err)
+	}
 	if err != nil {
 		mu.Unlock()
 		return nil, err
@@ -38,39 +43,94 @@ func (p *Pool) Lock(id VolumeID) (Unlock, error) {
 	}, nil
 }
 
-// flock locks the volume's lock file. A deleter unlinks the file while it
-// holds the lock, so after locking we check that the file we hold is still the
-// one at the path; otherwise we lock the new one.
-func (p *Pool) flock(id VolumeID) (*os.File, error) {
-	path := p.lockPath(id)
+// flock locks the lock file name in d without waiting. A deleter
+// unlinks a volume's lock file while it holds the lock, so after locking we
+// check that the file we hold is still the one of that name; otherwise we
+// lock the new one. The file is opened without following a symlink and
+// without blocking (a FIFO put in its place cannot hang us) and must be a
+// regular file.
+func (p *Pool) flock(d *dir, name string) (*os.File, error) {
 	for attempt := 0; attempt < 3; attempt++ {
-		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o640)
+		fd, err := unix.Openat(d.fd(), name, unix.O_RDWR|unix.O_CREAT|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0o640)
 		if err != nil {
-			return nil, fmt.Errorf("open lock %s: %w", path, err)
+			return nil, fmt.Errorf("open lock %s/%s: %w", d.path, name, err)
 		}
-		if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f := os.NewFile(uintptr(fd), d.path+"/"+name)
+		var held unix.Stat_t
+		if err := unix.Fstat(fd, &held); err != nil {
+			f.Close()
+			return nil, fmt.Errorf("stat lock %s: %w", f.Name(), err)
+		}
+		if held.Mode&unix.S_IFMT != unix.S_IFREG {
+			f.Close()
+			return nil, fmt.Errorf("lock %s is %s, not a regular file: %w", f.Name(), fileType(held.Mode), ErrUntrusted)
+		}
+		if err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB); err != nil {
 			f.Close()
 			if errors.Is(err, unix.EWOULDBLOCK) {
-				return nil, fmt.Errorf("volume %s is locked by another process: %w", id, ErrBusy)
+				return nil, ErrBusy
 			}
-			return nil, fmt.Errorf("lock %s: %w", path, err)
+			return nil, fmt.Errorf("lock %s: %w", f.Name(), err)
 		}
-		var held, current unix.Stat_t
-		if err := unix.Fstat(int(f.Fd()), &held); err != nil {
-			f.Close()
-			return nil, fmt.Errorf("stat lock %s: %w", path, err)
-		}
-		if err := unix.Stat(path, &current); err == nil && current.Ino == held.Ino && current.Dev == held.Dev {
+		if current, err := d.stat(name); err == nil && current.Ino == held.Ino && current.Dev == held.Dev {
 			return f, nil
 		}
-		unix.Flock(int(f.Fd()), unix.LOCK_UN)
+		unix.Flock(fd, unix.LOCK_UN)
 		f.Close()
 	}
-	return nil, fmt.Errorf("volume %s: lock file keeps changing: %w", id, ErrBusy)
+	return nil, fmt.Errorf("lock file %s/%s keeps changing: %w", d.path, name, ErrBusy)
 }
 
 // removeLockFile unlinks the lock file of a deleted volume; the caller holds
 // the lock.
 func (p *Pool) removeLockFile(id VolumeID) {
-	os.Remove(p.lockPath(id))
+	p.vols.remove(lockName(id))
+}
+
+// capacityWait bounds how long a capacity step waits for the pool lock. The
+// lock is held for one allocation (fallocate of one image: milliseconds, a
+// second for a TiB), so this is far beyond a healthy wait; past it the call
+// answers ErrBusy (ABORTED) and is retried.
+const capacityWait = 30 * time.Second
+
+// lockCapacity takes the pool lock that makes "is there room?" and "take the
+// room" one step: a capacity check of one CreateVolume or ExpandVolume and
+// its allocation run while no other one of any process on this pool runs, so
+// parallel creates of different names cannot each see the same free bytes
+// and together overrun the reserve. Unlike the volume lock it waits (creates
+// of different names should all succeed), but only for capacityWait.
+func (p *Pool) lockCapacity() (Unlock, error) {
+	deadline := time.NewTimer(capacityWait)
+	defer deadline.Stop()
+	select {
+	case p.capacity <- struct{}{}:
+	case <-deadline.C:
+		return nil, fmt.Errorf("pool %s: another allocation in this process took longer than %s: %w", p.Name, capacityWait, ErrBusy)
+	}
+	release := func() { <-p.capacity }
+	// Another process holds the flock only while it allocates: poll with a
+	// short, growing pause rather than block in flock(2), which no deadline
+	// could interrupt.
+	pause := time.Millisecond
+	for {
+		f, err := p.flock(p.root, poolLockFile)
+		if err == nil {
+			return func() {
+				unix.Flock(int(f.Fd()), unix.LOCK_UN)
+				f.Close()
+				release()
+			}, nil
+		}
+		if !errors.Is(err, ErrBusy) {
+			release()
+			return nil, fmt.Errorf("pool %s: %w", p.Name, err)
+		}
+		select {
+		case <-deadline.C:
+			release()
+			return nil, fmt.Errorf("pool %s: another process has held the pool lock for %s: %w", p.Name, capacityWait, ErrBusy)
+		case <-time.After(pause):
+		}
+		pause = min(2*pause, 50*time.Millisecond)
+	}
 }

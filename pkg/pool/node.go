@@ -2,7 +2,6 @@ package pool
 
 import (
 	"fmt"
-	"os"
 	"sort"
 	"strings"
 	"time"
@@ -22,7 +21,7 @@ func (p *Pool) WriteNode(rec NodeRecord) error {
 	if err := ValidateNodeID(rec.ID); err != nil {
 		return err
 	}
-	return writeRecord(p.nodePath(rec.ID), rec)
+	return p.nodes.writeRecord(rec.ID+recordSuffix, rec, maxSmallRecordBytes)
 }
 
 // ReadNode reads a node's record; an unknown node wraps ErrNotFound and a node
@@ -32,7 +31,7 @@ func (p *Pool) ReadNode(id string) (*NodeRecord, error) {
 		return nil, err
 	}
 	var rec NodeRecord
-	if err := readRecord(p.nodePath(id), &rec); err != nil {
+	if err := p.nodes.readRecord(id+recordSuffix, &rec, maxSmallRecordBytes); err != nil {
 		return nil, fmt.Errorf("node %s in pool %s: %w", id, p.Name, err)
 	}
 	if rec.ID != id {
@@ -41,15 +40,16 @@ func (p *Pool) ReadNode(id string) (*NodeRecord, error) {
 	return &rec, nil
 }
 
-// ListNodes returns the IDs of the nodes that serve the pool, sorted.
+// ListNodes returns the IDs of the nodes that serve the pool, sorted: every
+// entry named like a node record, whether or not it can be read.
 func (p *Pool) ListNodes() ([]string, error) {
-	entries, err := os.ReadDir(p.Path + "/" + nodesDir)
+	names, err := p.nodes.names()
 	if err != nil {
 		return nil, fmt.Errorf("pool %s: list nodes: %w", p.Name, err)
 	}
 	var ids []string
-	for _, e := range entries {
-		if id, ok := strings.CutSuffix(e.Name(), recordSuffix); ok && ValidateNodeID(id) == nil {
+	for _, name := range names {
+		if id, ok := strings.CutSuffix(name, recordSuffix); ok && ValidateNodeID(id) == nil {
 			ids = append(ids, id)
 		}
 	}

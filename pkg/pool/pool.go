@@ -3,10 +3,13 @@ package pool
 import (
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
+	"strconv"
 	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 const (
@@ -17,6 +20,10 @@ const (
 	imageSuffix  = ".img"
 	recordSuffix = ".json"
 	lockSuffix   = ".lock"
+	// poolLockFile, next to the marker, is flock'ed around every capacity decision
+	// and the allocation it allows; it is never removed.
+	poolLockFile = ".loopvol-pool.lock"
+	probePrefix  = ".probe-"
 )
 
 // Options describe one pool.
@@ -38,7 +45,14 @@ type Pool struct {
 	Path         string
 	ReserveBytes int64
 
+	// The pool's directories, opened once by Open: every file operation is
+	// relative to them (fs.go).
+	root, vols, nodes *dir
+
 	locks sync.Map // volume hash → *sync.Mutex: the in-process half of the volume lock
+	// capacity is the in-process half of the pool lock that makes a
+	// capacity decision and its allocation one step (lock.go).
+	capacity chan struct{}
 }
 
 type marker struct {
@@ -49,7 +63,9 @@ type marker struct {
 // Open checks the options, creates the pool layout if it is new and returns
 // the pool. A directory that is marked as another pool is refused
 // (ErrPoolMismatch): two pools never share a directory, or their volume IDs
-// would collide.
+// would collide. The pool directory is opened once, following symlinks in
+// its configured path; volumes/ and nodes/ are opened beneath it without
+// following any, and must belong to the pool directory's owner.
 func Open(opts Options) (*Pool, error) {
 	if err := ValidatePoolName(opts.Name); err != nil {
 		return nil, err
@@ -68,17 +84,25 @@ func Open(opts Options) (*Pool, error) {
 	if opts.ReserveBytes < 0 {
 		return nil, fmt.Errorf("pool %s: reserve must not be negative", opts.Name)
 	}
-	p := &Pool{Name: opts.Name, Zone: opts.Zone, Path: opts.Path, ReserveBytes: opts.ReserveBytes}
-	for _, dir := range []string{p.Path, filepath.Join(p.Path, volumesDir), filepath.Join(p.Path, nodesDir)} {
-		if err := os.MkdirAll(dir, 0o750); err != nil {
-			return nil, fmt.Errorf("pool %s: create %s: %w", p.Name, dir, err)
-		}
+	p := &Pool{Name: opts.Name, Zone: opts.Zone, Path: opts.Path, ReserveBytes: opts.ReserveBytes, capacity: make(chan struct{}, 1)}
+	if err := os.MkdirAll(p.Path, 0o750); err != nil {
+		return nil, fmt.Errorf("pool %s: create %s: %w", p.Name, p.Path, err)
+	}
+	var err error
+	if p.root, err = openRoot(p.Path); err != nil {
+		return nil, fmt.Errorf("pool %s: %w", p.Name, err)
+	}
+	if p.vols, err = p.root.subdir(volumesDir); err != nil {
+		return nil, fmt.Errorf("pool %s: %w", p.Name, err)
+	}
+	if p.nodes, err = p.root.subdir(nodesDir); err != nil {
+		return nil, fmt.Errorf("pool %s: %w", p.Name, err)
 	}
 	var m marker
-	err := readRecord(filepath.Join(p.Path, markerFile), &m)
+	err = p.root.readRecord(markerFile, &m, maxSmallRecordBytes)
 	switch {
 	case errors.Is(err, ErrNotFound):
-		if err := writeRecord(filepath.Join(p.Path, markerFile), marker{Name: p.Name, Format: markerFormat}); err != nil {
+		if err := p.root.writeRecord(markerFile, marker{Name: p.Name, Format: markerFormat}, maxSmallRecordBytes); err != nil {
 			return nil, fmt.Errorf("pool %s: write marker: %w", p.Name, err)
 		}
 	case err != nil:
@@ -91,52 +115,47 @@ func Open(opts Options) (*Pool, error) {
 	return p, nil
 }
 
-// Check reports whether the pool directory is usable: it exists, carries our
-// marker and its volumes directory is writable. Probe uses it.
+// Check reports whether the pool directory is usable: it carries our marker,
+// its volumes and nodes directories are still the ones Open opened, and the
+// volumes directory is writable. Probe uses it.
 func (p *Pool) Check() error {
 	var m marker
-	if err := readRecord(filepath.Join(p.Path, markerFile), &m); err != nil {
+	if err := p.root.readRecord(markerFile, &m, maxSmallRecordBytes); err != nil {
 		return fmt.Errorf("pool %s: %w", p.Name, err)
 	}
 	if m.Name != p.Name {
 		return fmt.Errorf("pool %s: marker names %q: %w", p.Name, m.Name, ErrPoolMismatch)
 	}
-	f, err := os.CreateTemp(filepath.Join(p.Path, volumesDir), ".probe-*")
+	if err := p.vols.sameAs(p.root, volumesDir); err != nil {
+		return fmt.Errorf("pool %s: %w", p.Name, err)
+	}
+	if err := p.nodes.sameAs(p.root, nodesDir); err != nil {
+		return fmt.Errorf("pool %s: %w", p.Name, err)
+	}
+	name := probePrefix + strconv.FormatInt(time.Now().UnixNano(), 36)
+	fd, err := unix.Openat(p.vols.fd(), name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		return fmt.Errorf("pool %s: not writable: %w", p.Name, err)
 	}
-	f.Close()
-	return os.Remove(f.Name())
+	unix.Close(fd)
+	return p.vols.remove(name)
 }
 
-// ImagePath returns the image file of a volume of this pool.
+// ImagePath returns the image file of a volume of this pool, for messages
+// and for the loop device's backing-file name. Open the image with
+// OpenImage, never by this path: the path is walked again, the descriptor
+// is checked.
 func (p *Pool) ImagePath(id VolumeID) string {
-	return filepath.Join(p.Path, volumesDir, id.Hash+imageSuffix)
+	return filepath.Join(p.Path, volumesDir, imageName(id))
 }
 
-func (p *Pool) recordPath(id VolumeID) string {
-	return filepath.Join(p.Path, volumesDir, id.Hash+recordSuffix)
-}
-
-func (p *Pool) lockPath(id VolumeID) string {
-	return filepath.Join(p.Path, volumesDir, id.Hash+lockSuffix)
-}
-
-func (p *Pool) nodePath(nodeID string) string {
-	return filepath.Join(p.Path, nodesDir, nodeID+recordSuffix)
-}
+func imageName(id VolumeID) string  { return id.Hash + imageSuffix }
+func recordName(id VolumeID) string { return id.Hash + recordSuffix }
+func lockName(id VolumeID) string   { return id.Hash + lockSuffix }
 
 func (p *Pool) own(id VolumeID) error {
 	if id.Pool != p.Name {
 		return fmt.Errorf("volume %s is not in pool %s: %w", id, p.Name, ErrNotFound)
 	}
 	return nil
-}
-
-func exists(path string) (bool, error) {
-	_, err := os.Stat(path)
-	if errors.Is(err, fs.ErrNotExist) {
-		return false, nil
-	}
-	return err == nil, err
 }

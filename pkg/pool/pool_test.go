@@ -96,8 +96,8 @@ func TestCorruptRecordIsReportedNotPanicked(t *testing.T) {
 	id, _ := ParseVolumeID(v.ID)
 	// Half of the record, as if the process died mid-write without the
 	// rename protocol.
-	data, _ := os.ReadFile(p.recordPath(id))
-	if err := os.WriteFile(p.recordPath(id), data[:len(data)/2], 0o600); err != nil {
+	data, _ := os.ReadFile(filepath.Join(p.Path, volumesDir, recordName(id)))
+	if err := os.WriteFile(filepath.Join(p.Path, volumesDir, recordName(id)), data[:len(data)/2], 0o600); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := p.ReadVolume(id); !errors.Is(err, ErrCorrupt) {

@@ -60,16 +60,15 @@ type VolumeSpec struct {
 }
 
 // ReadVolume reads a volume's record. A volume without a record wraps
-// ErrNotFound; an unreadable record wraps ErrCorrupt.
+// ErrNotFound; an unreadable record (it does not parse, is larger than
+// MaxRecordBytes, is not a regular file of the pool's owner) wraps
+// ErrCorrupt.
 func (p *Pool) ReadVolume(id VolumeID) (*Volume, error) {
 	if err := p.own(id); err != nil {
 		return nil, err
 	}
 	var v Volume
-	if err := readRecord(p.recordPath(id), &v); err != nil {
-		if errors.Is(err, ErrNotFound) {
-			return nil, fmt.Errorf("volume %s: %w", id, ErrNotFound)
-		}
+	if err := p.vols.readRecord(recordName(id), &v, MaxRecordBytes); err != nil {
 		return nil, fmt.Errorf("volume %s: %w", id, err)
 	}
 	if v.ID != id.String() {
@@ -79,28 +78,28 @@ func (p *Pool) ReadVolume(id VolumeID) (*Volume, error) {
 }
 
 // CreateVolume makes the image and record of a new volume. The caller holds
-// Lock(id) and has checked that no record exists. An image without a record
-// is the remains of a CreateVolume that crashed before it finished: it is
-// replaced. The record is written last, so a volume exists only once its image
-// is complete.
+// Lock(id); CreateVolume itself checks, under that lock, that no record
+// exists (ErrExists otherwise), so an image that another process has returned
+// is never replaced. An image without a record is the remains of a
+// CreateVolume that crashed before it finished: it is replaced. The space
+// check and the allocation run under the pool lock (lockCapacity). The
+// record is written last, so a volume exists only once its image is
+// complete.
 func (p *Pool) CreateVolume(spec VolumeSpec) (*Volume, error) {
 	id := DeriveVolumeID(p.Name, spec.Name)
 	if spec.SizeBytes <= 0 || spec.SizeBytes%512 != 0 {
 		return nil, fmt.Errorf("volume size %d is not a positive multiple of 512", spec.SizeBytes)
 	}
-	img := p.ImagePath(id)
-	if err := os.Remove(img); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return nil, fmt.Errorf("remove unfinished image %s: %w", img, err)
-	}
-	avail, err := p.Available()
-	if err != nil {
+	if _, err := p.vols.stat(recordName(id)); !errors.Is(err, fs.ErrNotExist) {
+		if err == nil {
+			return nil, fmt.Errorf("volume %s has a record already: %w", id, ErrExists)
+		}
 		return nil, err
 	}
-	if spec.SizeBytes > avail {
-		return nil, fmt.Errorf("pool %s has %d bytes available, volume needs %d: %w", p.Name, avail, spec.SizeBytes, ErrNoSpace)
+	if err := p.vols.remove(imageName(id)); err != nil {
+		return nil, fmt.Errorf("remove unfinished image: %w", err)
 	}
-	if err := allocateImage(img, spec.SizeBytes); err != nil {
-		os.Remove(img)
+	if err := p.allocate(id, spec.SizeBytes); err != nil {
 		return nil, err
 	}
 	v := &Volume{
@@ -115,27 +114,47 @@ func (p *Pool) CreateVolume(spec VolumeSpec) (*Volume, error) {
 		Attachments: []Attachment{},
 	}
 	if err := p.WriteVolume(v); err != nil {
-		os.Remove(img)
+		p.vols.remove(imageName(id))
 		return nil, err
 	}
 	return v, nil
 }
 
-// allocateImage creates the image file and reserves its blocks, so that a
-// volume never runs out of the space it was promised. Filesystems without
-// fallocate (some NFS servers) get a sparse file; Available then counts the
-// unallocated rest as promised.
-func allocateImage(path string, size int64) error {
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+// allocate creates the image file and reserves its blocks, so that a volume
+// never runs out of the space it was promised: under the pool lock, check
+// that the pool has room, then take it. Filesystems without fallocate (some
+// NFS servers) get a sparse file; Usage then counts the unallocated rest as
+// promised. The fsync runs after the pool lock is released: the allocation
+// is visible to statfs as soon as fallocate returns.
+func (p *Pool) allocate(id VolumeID, size int64) error {
+	unlock, err := p.lockCapacity()
 	if err != nil {
-		return fmt.Errorf("create image %s: %w", path, err)
-	}
-	defer f.Close()
-	if err := growFile(f, size); err != nil {
 		return err
 	}
-	if err := f.Sync(); err != nil {
-		return fmt.Errorf("fsync image %s: %w", path, err)
+	avail, err := p.Available()
+	if err != nil {
+		unlock()
+		return err
+	}
+	if size > avail {
+		unlock()
+		return fmt.Errorf("pool %s has %d bytes available, volume needs %d: %w", p.Name, avail, size, ErrNoSpace)
+	}
+	fd, err := unix.Openat(p.vols.fd(), imageName(id), unix.O_RDWR|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		unlock()
+		return fmt.Errorf("create image %s: %w", p.ImagePath(id), err)
+	}
+	f := os.NewFile(uintptr(fd), p.ImagePath(id))
+	defer f.Close()
+	err = growFile(f, size)
+	unlock()
+	if err == nil {
+		err = f.Sync()
+	}
+	if err != nil {
+		p.vols.remove(imageName(id))
+		return fmt.Errorf("allocate image %s: %w", f.Name(), err)
 	}
 	return nil
 }
@@ -155,7 +174,8 @@ func growFile(f *os.File, size int64) error {
 }
 
 // WriteVolume stores v atomically and bumps its generation. The caller holds
-// Lock for the volume.
+// Lock for the volume and read v under it. A record that would exceed
+// MaxRecordBytes is refused (ErrTooLarge).
 func (p *Pool) WriteVolume(v *Volume) error {
 	id, err := ParseVolumeID(v.ID)
 	if err != nil {
@@ -165,15 +185,35 @@ func (p *Pool) WriteVolume(v *Volume) error {
 		return err
 	}
 	v.Generation++
-	if err := writeRecord(p.recordPath(id), v); err != nil {
+	if err := p.vols.writeRecord(recordName(id), v, MaxRecordBytes); err != nil {
 		v.Generation--
 		return fmt.Errorf("volume %s: %w", id, err)
 	}
 	return nil
 }
 
+// OpenImage opens a volume's image for I/O (flag is os.O_RDONLY or
+// os.O_RDWR) after checking, on the descriptor it returns, that it is a
+// regular file of the pool's owner with one name: never a symlink, device or
+// hard link to a host file put in its place. A missing image wraps
+// ErrNotFound, an untrusted one ErrUntrusted.
+func (p *Pool) OpenImage(id VolumeID, flag int) (*os.File, error) {
+	if err := p.own(id); err != nil {
+		return nil, err
+	}
+	f, _, err := p.vols.open(imageName(id), flag)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("image of volume %s: %w", id, ErrNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("image of volume %s: %w", id, err)
+	}
+	return f, nil
+}
+
 // ExpandVolume grows the image of v to size bytes and records the new size.
-// The caller holds Lock. Shrinking is refused; the same size is a no-op.
+// The caller holds Lock and read v under it. Shrinking is refused; the same
+// size is a no-op. The space check and the growth run under the pool lock.
 func (p *Pool) ExpandVolume(v *Volume, size int64) error {
 	id, err := ParseVolumeID(v.ID)
 	if err != nil {
@@ -185,22 +225,15 @@ func (p *Pool) ExpandVolume(v *Volume, size int64) error {
 	if size%512 != 0 {
 		return fmt.Errorf("volume size %d is not a multiple of 512", size)
 	}
-	avail, err := p.Available()
-	if err != nil {
-		return err
-	}
-	if size-v.SizeBytes > avail {
-		return fmt.Errorf("pool %s has %d bytes available, expansion needs %d: %w", p.Name, avail, size-v.SizeBytes, ErrNoSpace)
-	}
-	f, err := os.OpenFile(p.ImagePath(id), os.O_RDWR, 0)
-	if errors.Is(err, fs.ErrNotExist) {
+	f, err := p.OpenImage(id, os.O_RDWR)
+	if errors.Is(err, ErrNotFound) {
 		return fmt.Errorf("image of volume %s is missing: %w", id, ErrCorrupt)
 	}
 	if err != nil {
-		return fmt.Errorf("open image of %s: %w", id, err)
+		return err
 	}
 	defer f.Close()
-	if err := growFile(f, size); err != nil {
+	if err := p.grow(f, size-v.SizeBytes, size); err != nil {
 		return err
 	}
 	if err := f.Sync(); err != nil {
@@ -215,45 +248,72 @@ func (p *Pool) ExpandVolume(v *Volume, size int64) error {
 	return nil
 }
 
+func (p *Pool) grow(f *os.File, more, size int64) error {
+	unlock, err := p.lockCapacity()
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	avail, err := p.Available()
+	if err != nil {
+		return err
+	}
+	if more > avail {
+		return fmt.Errorf("pool %s has %d bytes available, expansion needs %d: %w", p.Name, avail, more, ErrNoSpace)
+	}
+	return growFile(f, size)
+}
+
 // DeleteVolume removes a volume's image, record and lock file. The caller
-// holds Lock and has checked that nothing is attached. The image goes first:
-// a crash in between leaves a record whose image is missing (reported as
-// abnormal, and a retried delete finishes), never an image nobody knows of.
-// Deleting a volume that does not exist is not an error.
+// holds Lock and has read the record under it and checked that nothing is
+// attached. The image goes first: a crash in between leaves a record whose
+// image is missing (reported as abnormal, and a retried delete finishes),
+// never an image nobody knows of. Deleting a volume that does not exist is
+// not an error. Whatever is in place of the image (a symlink) is unlinked,
+// never followed.
 func (p *Pool) DeleteVolume(id VolumeID) error {
 	if err := p.own(id); err != nil {
 		return err
 	}
-	for _, path := range []string{p.ImagePath(id), p.recordPath(id)} {
-		if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	for _, name := range []string{imageName(id), recordName(id)} {
+		if err := p.vols.remove(name); err != nil {
 			return fmt.Errorf("delete volume %s: %w", id, err)
 		}
 	}
 	p.removeLockFile(id)
-	return syncDir(p.volumesPath())
+	return p.vols.sync()
 }
 
-// ImageSize returns the size of a volume's image file.
+// ImageSize returns the size of a volume's image file. A missing image
+// wraps ErrNotFound; one that is not a regular file of the pool's owner
+// with one name wraps ErrUntrusted.
 func (p *Pool) ImageSize(id VolumeID) (int64, error) {
-	st, err := os.Stat(p.ImagePath(id))
+	if err := p.own(id); err != nil {
+		return 0, err
+	}
+	st, err := p.vols.stat(imageName(id))
 	if errors.Is(err, fs.ErrNotExist) {
 		return 0, fmt.Errorf("image of volume %s: %w", id, ErrNotFound)
 	}
 	if err != nil {
 		return 0, err
 	}
-	return st.Size(), nil
+	if err := p.vols.check(imageName(id), &st); err != nil {
+		return 0, err
+	}
+	return st.Size, nil
 }
 
 // ListVolumeIDs returns the IDs of the volumes that have a record, sorted.
+// Only the names are listed: what each entry is, is for its reader to check.
 func (p *Pool) ListVolumeIDs() ([]VolumeID, error) {
-	entries, err := os.ReadDir(p.volumesPath())
+	names, err := p.vols.names()
 	if err != nil {
 		return nil, fmt.Errorf("pool %s: list volumes: %w", p.Name, err)
 	}
 	var ids []VolumeID
-	for _, e := range entries {
-		hash, ok := strings.CutSuffix(e.Name(), recordSuffix)
+	for _, name := range names {
+		hash, ok := strings.CutSuffix(name, recordSuffix)
 		if !ok || !hashRE.MatchString(hash) {
 			continue
 		}
@@ -282,5 +342,3 @@ func (p *Pool) CountAttachments(node string) (int, error) {
 	}
 	return n, nil
 }
-
-func (p *Pool) volumesPath() string { return p.Path + "/" + volumesDir }
