@@ -11,6 +11,18 @@
 // plugin that restarts therefore picks up where it left off, and every call
 // can be repeated.
 //
+// Paths are resolved once (beneath.go): staging and target paths are
+// opened beneath the kubelet directory with no symbolic link allowed on the
+// way (openat2 RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS, or an O_NOFOLLOW walk),
+// missing directories are made relative to the resolved parent, and every
+// mount, unmount and removal acts on those descriptors (mounts.go), never on
+// the path string again; after each mount the mount table is checked to
+// show the volume's device at the canonical path. NodeUnpublishVolume and
+// NodeUnstageVolume touch only mounts of the volume's own device and remove
+// only an empty directory or the file a raw-block mount was on. Mount flags
+// come from an allowlist (options.go) and cannot undo read-only, which the
+// request's readonly field, the access mode and the attachment decide.
+//
 // Server is a locking decorator: it validates a request, takes the volume's
 // lock without waiting (ABORTED when another call holds it) and hands the
 // request to the unlocked implementation. Errors are wrapped with %w inside

@@ -47,7 +47,7 @@ func toStatus(err error) error {
 	}
 	var code codes.Code
 	switch {
-	case errors.Is(err, errInvalid):
+	case errors.Is(err, errInvalid), errors.Is(err, errNotOwn):
 		code = codes.InvalidArgument
 	case errors.Is(err, pool.ErrInvalidID), errors.Is(err, pool.ErrNotFound), errors.Is(err, errPathMissing):
 		code = codes.NotFound

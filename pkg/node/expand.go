@@ -47,19 +47,27 @@ func (n *node) expand(ctx context.Context, a expandArgs) (int64, error) {
 	}
 
 	// xfs_growfs wants a mount point of the filesystem: the staging path if
-	// given, else the published path.
+	// given, else the published path. mount-utils' resize runs it with the
+	// path string (xfs_growfs looks the path up in the mount table, a
+	// descriptor's magic link would not be found there). That walk is a
+	// second one, but xfs_growfs only grows the xfs filesystem mounted
+	// there, to the size of its own device, which harms no one; resize2fs
+	// gets the device.
 	path := ""
 	for _, p := range []string{a.staging, a.volumePath} {
 		if p == "" {
 			continue
 		}
-		mp, mounted, err := n.mountAt(p)
+		mp, mounted, r, err := n.mountAtPath(p)
 		if err != nil {
 			return 0, err
 		}
-		if mounted && n.mountedFrom(mp, dev) {
-			path = p
-			break
+		if mounted {
+			r.close()
+			if n.mountedFrom(mp, dev) {
+				path = r.path
+				break
+			}
 		}
 	}
 	if path == "" {

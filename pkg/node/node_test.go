@@ -71,6 +71,7 @@ func newFixture(t *testing.T) *fixture {
 		Pools:      map[string]*pool.Pool{"p1": p},
 		Loop:       f.loop,
 		Mounter:    &mount.SafeFormatAndMount{Interface: f.mounter, Exec: f.exec},
+		mounts:     fakeMounts{m: f.mounter},
 	}
 	f.srv, err = New(f.cfg)
 	if err != nil {

@@ -8,9 +8,8 @@ import (
 
 // node is the unlocked implementation of the Node service; Server locks.
 type node struct {
-	// fastBind, when set, bind-mounts without mount(8) (see bindMount); it
-	// is set only for the real mounter, so fakes see every mount.
-	fastBind func(source, target string, readOnly bool) error
+	// mounts is the mount table: the kernel's (sysMounts), or a fake's.
+	mounts mountTable
 	// ext4Size reads a device's ext4 superblock (see growExt4BeforeMount);
 	// nil with fake devices, which have nothing to read.
 	ext4Size func(dev string) (size, blockSize int64, err error)

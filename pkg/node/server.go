@@ -36,9 +36,16 @@ type Config struct {
 	Pools map[string]*pool.Pool
 	// Loop attaches images to loop devices.
 	Loop loop.Interface
-	// Mounter mounts, formats (its Exec runs blkid and mkfs) and resizes
-	// filesystems (resize2fs, xfs_growfs through the same Exec).
+	// Mounter formats (its Exec runs blkid, mkfs and fsck) and resizes
+	// filesystems (resize2fs, xfs_growfs through the same Exec). Its
+	// Interface must be mount-utils' own (mount.New): the node mounts and
+	// unmounts with system calls on resolved descriptors, never by path
+	// through mount(8), and uses the Interface only for what it does not
+	// do itself.
 	Mounter *mount.SafeFormatAndMount
+
+	// mounts replaces the kernel's mount table in the unit tests.
+	mounts mountTable
 }
 
 // Validate checks the configuration.
@@ -95,9 +102,15 @@ func New(cfg Config) (*Server, error) {
 		kubeletDir: filepath.Clean(cfg.KubeletDir),
 		pools:      map[string]*pool.Pool{},
 	}
-	if _, real := cfg.Mounter.Interface.(*mount.Mounter); real {
-		n.fastBind = bindMount
+	_, real := cfg.Mounter.Interface.(*mount.Mounter)
+	switch {
+	case cfg.mounts != nil:
+		n.mounts = cfg.mounts
+	case real:
+		n.mounts = sysMounts{}
 		n.ext4Size = ext4Size
+	default:
+		return nil, fmt.Errorf("node configuration: the mounter's Interface is %T, not mount-utils' own (mount.New)", cfg.Mounter.Interface)
 	}
 	n.kubeletReal = n.kubeletDir
 	if real, err := filepath.EvalSymlinks(n.kubeletDir); err == nil {

@@ -8,6 +8,7 @@ import (
 	"os"
 	"time"
 
+	"golang.org/x/sys/unix"
 	"k8s.io/klog/v2"
 	mount "k8s.io/mount-utils"
 
@@ -38,12 +39,28 @@ func (n *node) stage(ctx context.Context, a stageArgs) error {
 		return err
 	}
 	readOnly := att.ReadOnly || a.cap.readOnly()
+	fsType := a.cap.fsType
+	if fsType == "" {
+		fsType = v.FsType
+	}
+	if fsType == "" {
+		fsType = fsExt4
+	}
+	if err := a.cap.mountOpts.forMount(fsType, readOnly); err != nil {
+		return err
+	}
 
+	var staging *resolved
 	if !a.cap.block {
+		// Resolved once; everything below acts on the descriptors.
+		if staging, err = n.resolve(a.staging, true); err != nil {
+			return err
+		}
+		defer staging.close()
 		// Look at the staging path before attaching anything, so that a
-		// conflict changes nothing. Mounted from this volume: a repeated call,
-		// or a plugin that restarted; done.
-		mp, mounted, err := n.mountAt(a.staging)
+		// conflict changes nothing. Mounted from this volume: a repeated
+		// call, or a plugin that restarted; done.
+		mp, mounted, err := n.mountAt(staging)
 		if err != nil {
 			return err
 		}
@@ -52,11 +69,11 @@ func (n *node) stage(ctx context.Context, a stageArgs) error {
 			if err != nil {
 				return err
 			}
-			if ok && n.mountedFrom(mp, dev) {
-				logger.V(4).Info("Volume was already staged", "stagingTargetPath", a.staging, "device", dev)
+			if ok && mp.path == staging.path && n.mountedFrom(mp, dev) {
+				logger.V(4).Info("Volume was already staged", "stagingTargetPath", staging.path, "device", dev)
 				return nil
 			}
-			return kindf(errConflict, "staging path %s is already mounted from %s, not from volume %s", a.staging, mp.Device, a.id)
+			return kindf(errConflict, "staging path %s is already mounted from %s, not from volume %s", staging.path, mp.source, a.id)
 		}
 	}
 
@@ -69,19 +86,9 @@ func (n *node) stage(ctx context.Context, a stageArgs) error {
 		return nil
 	}
 
-	if err := mkdir(a.staging); err != nil {
+	created, err := mkdirTarget(staging)
+	if err != nil {
 		return err
-	}
-	fsType := a.cap.fsType
-	if fsType == "" {
-		fsType = v.FsType
-	}
-	if fsType == "" {
-		fsType = fsExt4
-	}
-	opts := append([]string(nil), a.cap.mountFlags...)
-	if readOnly {
-		opts = append(opts, "ro")
 	}
 	start := time.Now()
 	if fsType == fsExt4 {
@@ -89,18 +96,25 @@ func (n *node) stage(ctx context.Context, a stageArgs) error {
 			return fmt.Errorf("volume %s: %w", a.id, err)
 		}
 	}
-	// FormatAndMount makes the filesystem only when blkid finds the device
-	// blank, and checks (fsck) an existing one before mounting it writable.
-	err = n.withContext(ctx).FormatAndMountSensitiveWithFormatOptions(dev, a.staging, fsType, opts, nil, formatOptions[fsType])
+	// mount-utils makes the filesystem only when blkid finds the device
+	// blank, and checks (fsck) an existing one before mounting it
+	// writable; the mount itself is ours, on the resolved directory.
+	err = n.formatAndMount(ctx, dev, staging, fsType, a.cap.mountOpts, readOnly)
+	if err == nil {
+		err = n.checkMounted(staging, dev)
+	}
 	if err != nil {
+		if created {
+			_ = remove(staging, false)
+		}
 		var me mount.MountError
 		if errors.As(err, &me) && (me.Type == mount.UnformattedReadOnly || me.Type == mount.FilesystemMismatch) {
 			return kindf(errUnusable, "volume %s: %w", a.id, err)
 		}
-		return fmt.Errorf("volume %s: format and mount %s on %s: %w", a.id, dev, a.staging, err)
+		return fmt.Errorf("volume %s: format and mount %s on %s: %w", a.id, dev, staging.path, err)
 	}
-	logger.V(2).Info("Staged volume", "device", dev, "stagingTargetPath", a.staging, "fsType", fsType,
-		"readOnly", readOnly, "duration", time.Since(start))
+	logger.V(2).Info("Staged volume", "device", dev, "stagingTargetPath", staging.path, "fsType", fsType,
+		"mountFlags", a.cap.mountOpts.strings(), "readOnly", readOnly, "duration", time.Since(start))
 	return nil
 }
 
@@ -156,32 +170,52 @@ func (n *node) ensureDevice(ctx context.Context, id pool.VolumeID, readOnly bool
 }
 
 // unstage implements NodeUnstageVolume. It needs no volume record, so a
-// volume whose record is damaged can still be cleaned up.
+// volume whose record is damaged can still be cleaned up. Only a mount of
+// this volume's device is unmounted, and only an empty directory removed; a
+// staging path that leads through a symbolic link or is not a directory
+// holds nothing of this volume, and is left alone.
 func (n *node) unstage(ctx context.Context, a unstageArgs) error {
 	logger := klog.FromContext(ctx)
 	dev, found, err := n.findDevice(a.id)
 	if err != nil {
 		return err
 	}
-	mp, mounted, err := n.mountAt(a.staging)
-	if err != nil {
+	staging, err := n.resolve(a.staging, false)
+	switch {
+	case errors.Is(err, errPathMissing), errors.Is(err, errNotOwn):
+		staging = nil
+	case err != nil:
 		return err
+	default:
+		defer staging.close()
 	}
-	if mounted {
-		if !found || !n.mountedFrom(mp, dev) {
-			return kindf(errInUse, "staging path %s is mounted from %s, not from volume %s: not unmounting it", a.staging, mp.Device, a.id)
-		}
-		// Unmounting the staging path while a pod's bind mount remains would
-		// leave the filesystem mounted with nothing to unstage it later.
-		if users, err := n.users(dev, a.staging); err != nil {
+	if staging != nil {
+		mp, mounted, err := n.mountAt(staging)
+		if err != nil {
 			return err
-		} else if len(users) > 0 {
-			return kindf(errInUse, "volume %s is still published at %v", a.id, users)
 		}
-		if err := n.cleanup(a.staging); err != nil {
-			return fmt.Errorf("volume %s: %w", a.id, err)
+		if mounted {
+			if !found || mp.path != staging.path || !n.mountedFrom(mp, dev) {
+				return kindf(errInUse, "staging path %s is mounted from %s, not from volume %s: not unmounting it", staging.path, mp.source, a.id)
+			}
+			// Unmounting the staging path while a pod's bind mount remains
+			// would leave the filesystem mounted with nothing to unstage
+			// it later.
+			if users, err := n.users(dev, staging.path); err != nil {
+				return err
+			} else if len(users) > 0 {
+				return kindf(errInUse, "volume %s is still published at %v", a.id, users)
+			}
+			if _, err := n.unmountAll(staging, dev); err != nil {
+				return fmt.Errorf("volume %s: %w", a.id, err)
+			}
+			logger.V(2).Info("Unmounted staging path", "stagingTargetPath", staging.path, "device", dev)
 		}
-		logger.V(2).Info("Unmounted staging path", "stagingTargetPath", a.staging, "device", dev)
+		if staging.isDir() {
+			if err := remove(staging, false); err != nil && !errors.Is(err, unix.ENOTEMPTY) && !errors.Is(err, unix.EEXIST) {
+				return fmt.Errorf("volume %s: %w", a.id, err)
+			}
+		}
 	}
 	if !found {
 		return nil

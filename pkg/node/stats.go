@@ -23,12 +23,16 @@ func (n *node) stats(_ context.Context, a statsArgs) (*csi.NodeGetVolumeStatsRes
 	if errors.Is(err, pool.ErrNotFound) {
 		return nil, err
 	}
-	fi, err := os.Stat(a.volumePath)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, kindf(errPathMissing, "volume_path %s does not exist", a.volumePath)
+	r, err := n.resolve(a.volumePath, false)
+	if errors.Is(err, errNotOwn) {
+		err = kindf(errPathMissing, "no volume at %s: %w", a.volumePath, err)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("stat %s: %w", a.volumePath, err)
+		return nil, err
+	}
+	defer r.close()
+	if !r.exists() {
+		return nil, kindf(errPathMissing, "volume_path %s does not exist", a.volumePath)
 	}
 	dev, found, err := n.findDevice(a.id)
 	if err != nil {
@@ -37,15 +41,15 @@ func (n *node) stats(_ context.Context, a statsArgs) (*csi.NodeGetVolumeStatsRes
 	if !found {
 		return nil, kindf(errPathMissing, "volume %s is not staged on node %s", a.id, n.NodeID)
 	}
-	mp, mounted, err := n.mountAt(a.volumePath)
+	mp, mounted, err := n.mountAt(r)
 	if err != nil {
 		return nil, err
 	}
-	if !mounted || !n.mountedFrom(mp, dev) {
+	if !mounted || mp.path != r.path || !n.mountedFrom(mp, dev) {
 		return nil, kindf(errPathMissing, "volume %s is not mounted at %s", a.id, a.volumePath)
 	}
 
-	block := fi.Mode()&fs.ModeDevice != 0 || (v != nil && v.AccessType == pool.AccessBlock)
+	block := r.mode == unix.S_IFBLK || (v != nil && v.AccessType == pool.AccessBlock)
 	if block {
 		size, err := n.Loop.Size(dev)
 		if err != nil {
@@ -54,7 +58,7 @@ func (n *node) stats(_ context.Context, a statsArgs) (*csi.NodeGetVolumeStatsRes
 		return &csi.NodeGetVolumeStatsResponse{Usage: []*csi.VolumeUsage{{Unit: csi.VolumeUsage_BYTES, Total: size}}}, nil
 	}
 	var st unix.Statfs_t
-	if err := unix.Statfs(a.volumePath, &st); err != nil {
+	if err := unix.Fstatfs(r.fd, &st); err != nil {
 		return nil, fmt.Errorf("statfs %s: %w", a.volumePath, err)
 	}
 	bsize := st.Bsize
@@ -129,8 +133,10 @@ func (n *node) health(_ context.Context, a healthArgs) (*csi.NodeGetVolumeHealth
 
 	block := v != nil && v.AccessType == pool.AccessBlock
 	if v == nil && a.publish != "" {
-		fi, err := os.Stat(a.publish)
-		block = err == nil && fi.Mode()&fs.ModeDevice != 0
+		if r, err := n.resolve(a.publish, false); err == nil {
+			block = r.mode == unix.S_IFBLK
+			r.close()
+		}
 	}
 	paths := []string{a.publish}
 	if !block {
@@ -144,17 +150,18 @@ func (n *node) health(_ context.Context, a healthArgs) (*csi.NodeGetVolumeHealth
 		if path == "" {
 			continue
 		}
-		mp, mounted, err := n.mountAt(path)
+		mp, mounted, r, err := n.mountAtPath(path)
 		if err != nil {
 			return nil, err
 		}
+		r.close()
 		switch {
 		case !mounted && notMounted == "":
 			notMounted = path
 			add(csi.VolumeHealthErrorType_INACCESSIBLE, reasonNotMounted, "volume %s is not mounted at %s", a.id, path)
 		case mounted && found && !n.mountedFrom(mp, dev) && wrong == "":
 			wrong = path
-			add(csi.VolumeHealthErrorType_INACCESSIBLE, reasonWrongMount, "%s is mounted from %s, not from the volume's device %s", path, mp.Device, dev)
+			add(csi.VolumeHealthErrorType_INACCESSIBLE, reasonWrongMount, "%s is mounted from %s, not from the volume's device %s", path, mp.source, dev)
 		}
 	}
 	return &csi.NodeGetVolumeHealthResponse{VolumeHealth: &csi.VolumeHealth{VolumeId: a.id.String(), HealthStatuses: entries}}, nil

@@ -3,7 +3,6 @@ package node
 import (
 	"errors"
 	"fmt"
-	"io/fs"
 	"path/filepath"
 	"strings"
 
@@ -23,10 +22,10 @@ const (
 
 // capability is a checked csi.VolumeCapability.
 type capability struct {
-	block      bool
-	fsType     string // mount mode only; "" when the request names none
-	mountFlags []string
-	mode       csi.VolumeCapability_AccessMode_Mode
+	block     bool
+	fsType    string // mount mode only; "" when the request names none
+	mountOpts mountOptions
+	mode      csi.VolumeCapability_AccessMode_Mode
 }
 
 // readOnly reports whether the access mode allows reading only.
@@ -106,7 +105,7 @@ func (n *node) unstageArgs(req *csi.NodeUnstageVolumeRequest) (unstageArgs, erro
 	if err = requireID(req.GetVolumeId()); err != nil {
 		return a, err
 	}
-	if a.staging, err = n.kubeletPath("staging_target_path", req.GetStagingTargetPath()); err != nil {
+	if a.staging, err = n.lexicalPath("staging_target_path", req.GetStagingTargetPath()); err != nil {
 		return a, err
 	}
 	a.id, err = n.parseID(req.GetVolumeId())
@@ -143,7 +142,7 @@ func (n *node) unpublishArgs(req *csi.NodeUnpublishVolumeRequest) (unpublishArgs
 	if err = requireID(req.GetVolumeId()); err != nil {
 		return a, err
 	}
-	if a.target, err = n.kubeletPath("target_path", req.GetTargetPath()); err != nil {
+	if a.target, err = n.lexicalPath("target_path", req.GetTargetPath()); err != nil {
 		return a, err
 	}
 	a.id, err = n.parseID(req.GetVolumeId())
@@ -241,8 +240,27 @@ func (n *node) parseID(s string) (pool.VolumeID, error) {
 }
 
 // kubeletPath checks a staging or target path (see underKubeletDir) and
-// returns it cleaned.
+// returns it cleaned. A path that leads through a symbolic link or a
+// non-directory is refused here already, before any lock is taken or the
+// volume looked up; the RPC resolves the path again when it uses it, and
+// relies only on that.
 func (n *node) kubeletPath(field, p string) (string, error) {
+	clean, err := n.lexicalPath(field, p)
+	if err != nil {
+		return "", err
+	}
+	if r, err := n.resolve(clean, false); errors.Is(err, errNotOwn) {
+		return "", kindf(errInvalid, "%s: %w", field, err)
+	} else if err == nil {
+		r.close()
+	}
+	return clean, nil
+}
+
+// lexicalPath checks a path as a string only (see underKubeletDir): for
+// NodeUnstageVolume and NodeUnpublishVolume, to which a path that leads
+// elsewhere holds nothing of the volume, which is not an error.
+func (n *node) lexicalPath(field, p string) (string, error) {
 	clean, err := n.underKubeletDir(field, p)
 	if err != nil {
 		return "", kindf(errInvalid, "%w", err)
@@ -262,9 +280,10 @@ func (n *node) volumePath(p string) (string, error) {
 	return clean, nil
 }
 
-// underKubeletDir checks a path: absolute, no "..", no NUL, strictly below
-// the kubelet directory, also once symbolic links are followed. It returns
-// the cleaned path.
+// underKubeletDir checks a path as a string: absolute, no "..", no NUL,
+// strictly below the kubelet directory. It returns the cleaned path. What
+// the path leads to is not looked at here: resolve does that once, when the
+// path is used, and the RPC acts on what it resolved.
 func (n *node) underKubeletDir(field, p string) (string, error) {
 	switch {
 	case p == "":
@@ -285,33 +304,14 @@ func (n *node) underKubeletDir(field, p string) (string, error) {
 	if !strings.HasPrefix(clean, n.kubeletDir+"/") {
 		return "", fmt.Errorf("%s %q is not under the kubelet directory %s", field, p, n.kubeletDir)
 	}
-	real, err := resolveExisting(clean)
-	if err != nil {
-		return "", fmt.Errorf("%s %q: %w", field, p, err)
-	}
-	if !strings.HasPrefix(real, n.kubeletReal+"/") && !strings.HasPrefix(real, n.kubeletDir+"/") {
-		return "", fmt.Errorf("%s %q leads to %s, outside the kubelet directory %s", field, p, real, n.kubeletDir)
-	}
 	return clean, nil
 }
 
-// resolveExisting follows the symbolic links of the longest existing prefix
-// of an absolute, clean path and appends the rest.
-func resolveExisting(p string) (string, error) {
-	rest := ""
-	for cur := p; ; cur = filepath.Dir(cur) {
-		real, err := filepath.EvalSymlinks(cur)
-		if err == nil {
-			return filepath.Join(real, rest), nil
-		}
-		if !errors.Is(err, fs.ErrNotExist) {
-			return "", err
-		}
-		if cur == "/" {
-			return p, nil
-		}
-		rest = filepath.Join(filepath.Base(cur), rest)
-	}
+// canonical is the canonical path of a checked path: the kubelet
+// directory's own path (symbolic links resolved) joined with the rest,
+// which resolve refuses to find a symbolic link in.
+func (n *node) canonical(p string) string {
+	return n.kubeletReal + strings.TrimPrefix(p, n.kubeletDir)
 }
 
 // checkCapability checks a volume capability: an access mode we know and
@@ -336,12 +336,18 @@ func checkCapability(vc *csi.VolumeCapability) (capability, error) {
 		default:
 			return c, kindf(errInvalid, "volume_capability.mount.fs_type %q is not supported (ext4 or xfs)", m.GetFsType())
 		}
-		for _, f := range m.GetMountFlags() {
-			if !singleMountOption(f) {
-				return c, kindf(errInvalid, "volume_capability.mount.mount_flags: %q is not a single mount option", f)
+		opts, err := parseMountFlags(m.GetMountFlags())
+		if err != nil {
+			return c, err
+		}
+		if c.readOnly() {
+			// Known already: a reader-only mode with rw is refused before
+			// the volume is looked up.
+			if err := opts.forMount(c.fsType, true); err != nil {
+				return c, err
 			}
 		}
-		c.mountFlags = m.GetMountFlags()
+		c.mountOpts = opts
 		// A filesystem written from two nodes at once is corrupted: only raw
 		// block volumes may have several writers on several nodes.
 		if c.mode == csi.VolumeCapability_AccessMode_MULTI_NODE_MULTI_WRITER {
