@@ -44,6 +44,16 @@ func (s *Server) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 		return nil, status.Errorf(codes.Aborted, "a CreateVolume for %q is in progress", req.GetName())
 	}
 	defer unlock()
+	// Another controller process may serve the same pools: lock the name's
+	// volume in every pool, then look it up. Whatever this call then
+	// decides (return the existing volume, or create one) rests on records
+	// read under those locks, so two processes never both create it, and
+	// an image another process returned is never replaced.
+	unlockAll, err := s.lockName(req.GetName())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	defer unlockAll()
 
 	logger := klog.FromContext(ctx)
 	if p, v, err := s.findByName(req.GetName()); err != nil {
@@ -60,19 +70,15 @@ func (s *Server) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 	if err != nil {
 		return nil, err
 	}
-	id := pool.DeriveVolumeID(p.Name, req.GetName())
-	unlockVol, err := p.Lock(id)
-	if err != nil {
-		return nil, toStatus(err)
-	}
-	defer unlockVol()
+	// The pool re-checks the space under its pool lock, with the
+	// allocation: another process may have taken it since choosePool.
 	v, err := p.CreateVolume(pool.VolumeSpec{
 		Name:        req.GetName(),
 		SizeBytes:   size,
 		AccessType:  shape.accessType,
 		FsType:      shape.fsType,
 		AccessModes: shape.modes,
-		Parameters:  req.GetParameters(),
+		Parameters:  storedParameters(req.GetParameters()),
 	})
 	if err != nil {
 		return nil, toStatus(err)
@@ -81,8 +87,32 @@ func (s *Server) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 	return &csi.CreateVolumeResponse{Volume: s.csiVolume(p, v)}, nil
 }
 
-// findByName looks for the volume called name in every pool. A corrupt
-// record of that name is an error: we cannot tell whether it matches.
+// lockName takes the volume lock of name in every pool, in name order,
+// without waiting: ErrBusy (ABORTED) if any is held, by this process or
+// another. One lock per pool, because the volume's ID depends on the pool
+// it lands in.
+func (s *Server) lockName(name string) (func(), error) {
+	var held []pool.Unlock
+	release := func() {
+		for i := len(held) - 1; i >= 0; i-- {
+			held[i]()
+		}
+	}
+	for _, pn := range s.poolNames {
+		p := s.pools[pn]
+		u, err := p.Lock(pool.DeriveVolumeID(p.Name, name))
+		if err != nil {
+			release()
+			return nil, err
+		}
+		held = append(held, u)
+	}
+	return release, nil
+}
+
+// findByName looks for the volume called name in every pool; the caller
+// holds lockName. A corrupt record of that name is an error: we cannot tell
+// whether it matches.
 func (s *Server) findByName(name string) (*pool.Pool, *pool.Volume, error) {
 	for _, pn := range s.poolNames {
 		p := s.pools[pn]
@@ -201,7 +231,16 @@ func (s *Server) csiVolume(p *pool.Pool, v *pool.Volume) *csi.Volume {
 }
 
 // DeleteVolume removes a volume that is attached nowhere. An unknown volume
-// is already deleted: success.
+// is already deleted: success. The record is read under the volume lock, so
+// the decision holds against another controller process on the pool.
+//
+// A record that cannot be read says nothing of the volume's attachments:
+// it may be staged and written on a node right now. The controller cannot
+// see the loop devices of other nodes, only the pool's node records. So it
+// deletes such a volume only when no node serves the pool at all (nothing
+// can have attached it); otherwise it refuses with FAILED_PRECONDITION and
+// says what to check and how to make the intent explicit (move the record
+// aside, then retry): lost data is worse than a stuck delete.
 func (s *Server) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequest) (*csi.DeleteVolumeResponse, error) {
 	if req.GetVolumeId() == "" {
 		return nil, invalid("volume_id is required")
@@ -226,10 +265,11 @@ func (s *Server) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequest)
 			return nil, toStatus(err)
 		}
 		return &csi.DeleteVolumeResponse{}, nil
-	case errors.Is(err, pool.ErrCorrupt):
-		logger.Error(err, "Deleting a volume whose record is unreadable")
 	case err != nil:
-		return nil, toStatus(err)
+		if err := unreadableDeletable(p, id, err); err != nil {
+			return nil, err
+		}
+		logger.Error(err, "Deleting a volume whose record is unreadable: no node serves its pool, so none can have it attached")
 	case len(v.Attachments) > 0:
 		return nil, status.Errorf(codes.FailedPrecondition, "volume %s is still attached to %s; ControllerUnpublishVolume it first", id, nodesOf(v))
 	}
@@ -238,6 +278,25 @@ func (s *Server) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequest)
 	}
 	logger.V(2).Info("Deleted volume", "pool", p.Name)
 	return &csi.DeleteVolumeResponse{}, nil
+}
+
+// unreadableDeletable decides whether a volume whose record could not be
+// read (readErr) may be deleted: only if no node serves its pool. Otherwise
+// it returns the FAILED_PRECONDITION that tells the operator what to do.
+func unreadableDeletable(p *pool.Pool, id pool.VolumeID, readErr error) error {
+	nodes, err := p.ListNodes()
+	if err == nil && len(nodes) == 0 {
+		return nil
+	}
+	served := fmt.Sprintf("nodes %s serve pool %s", strings.Join(nodes, ", "), p.Name)
+	if err != nil {
+		served = fmt.Sprintf("the nodes of pool %s cannot be listed (%v)", p.Name, err)
+	}
+	record := p.Path + "/volumes/" + id.Hash + ".json"
+	return status.Errorf(codes.FailedPrecondition,
+		"volume %s was not deleted: its record cannot be read (%v), so loopvol cannot tell whether it is attached, and %s and may have it staged. "+
+			"Check on each of them that no loop device uses %s (losetup -j %s), then move the record aside (mv %s %s.unreadable) and retry: DeleteVolume then removes the image",
+		id, readErr, served, p.ImagePath(id), p.ImagePath(id), record, record)
 }
 
 func nodesOf(v *pool.Volume) []string {

@@ -156,20 +156,79 @@ func requestedSize(r *csi.CapacityRange, accessType, fsType string) (int64, erro
 
 func roundUp(n, unit int64) int64 { return (n + unit - 1) / unit * unit }
 
-// validateParameters checks StorageClass parameters: "pool" and the
-// csi.storage.k8s.io/ keys Kubernetes adds. Anything else is a typo that
-// would otherwise be silently ignored.
+// Bounds of CreateVolume (and GetCapacity, ValidateVolumeCapabilities)
+// parameters. They are Kubernetes' own bounds for StorageClass parameters
+// (and VolumeAttributesClass ones): at most 512 entries, keys not empty, keys
+// and values together at most 256 KiB. Any StorageClass the API server
+// accepts passes; a caller that is not Kubernetes cannot send more. A key is
+// also bounded by the longest Kubernetes qualified name (a 253-byte DNS
+// prefix, '/', a 63-byte name): every key loopvol knows ("pool",
+// "csi.storage.k8s.io/...") is one, so a longer key is never a known one.
+// loopvol has no mutable parameters (no ControllerModifyVolume).
+const (
+	maxParameters       = 512
+	maxParametersBytes  = 256 << 10
+	maxParameterKeyLen  = 253 + 1 + 63
+	kubernetesPrefix    = "csi.storage.k8s.io/"
+	maxObjectNameLength = 253
+)
+
+// recordedParameters are the parameters a volume record keeps: the one that
+// shapes the volume ("pool", which CreateVolume compares on a retry) and the
+// PVC/PV names external-provisioner adds with --extra-create-metadata (for an
+// operator reading the pool). Nothing else is stored, so a record stays
+// small whatever a StorageClass carries.
+var recordedParameters = map[string]bool{
+	ParameterPool:                      true,
+	kubernetesPrefix + "pvc/name":      true,
+	kubernetesPrefix + "pvc/namespace": true,
+	kubernetesPrefix + "pv/name":       true,
+}
+
+// validateParameters checks StorageClass parameters: their number and size
+// (Kubernetes' bounds), "pool" and the csi.storage.k8s.io/ keys Kubernetes
+// adds. Anything else is a typo that would otherwise be silently ignored.
 func validateParameters(params map[string]string) error {
+	if len(params) > maxParameters {
+		return invalid("%d parameters; at most %d are allowed (the Kubernetes StorageClass limit)", len(params), maxParameters)
+	}
+	total := 0
+	for k, v := range params {
+		total += len(k) + len(v)
+	}
+	if total > maxParametersBytes {
+		return invalid("parameters take %d bytes; keys and values together may take at most %d (the Kubernetes StorageClass limit)", total, maxParametersBytes)
+	}
 	for k, v := range params {
 		switch {
+		case k == "":
+			return invalid("a parameter key is empty")
+		case len(k) > maxParameterKeyLen:
+			return invalid("parameter key %q... is %d bytes; at most %d are allowed", k[:32], len(k), maxParameterKeyLen)
 		case k == ParameterPool:
 			if err := pool.ValidatePoolName(v); err != nil {
 				return invalid("parameter %q: %v", k, err)
 			}
-		case strings.HasPrefix(k, "csi.storage.k8s.io/"):
+		case recordedParameters[k] && len(v) > maxObjectNameLength:
+			return invalid("parameter %q is %d bytes; a Kubernetes object name has at most %d", k, len(v), maxObjectNameLength)
+		case strings.HasPrefix(k, kubernetesPrefix):
 		default:
 			return invalid("parameter %q is not known; loopvol takes %q", k, ParameterPool)
 		}
 	}
 	return nil
+}
+
+// storedParameters returns the validated parameters a volume record keeps.
+func storedParameters(params map[string]string) map[string]string {
+	var kept map[string]string
+	for k, v := range params {
+		if recordedParameters[k] {
+			if kept == nil {
+				kept = map[string]string{}
+			}
+			kept[k] = v
+		}
+	}
+	return kept
 }

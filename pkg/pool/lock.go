@@ -37,10 +37,22 @@ func (p *Pool) Lock(id VolumeID) (Unlock, error) {
 		return nil, err
 	}
 	return func() {
+		// A volume with neither record nor image (a lookup of a name that
+		// does not exist, a lock taken in a pool the volume did not go
+		// to) keeps no lock file: remove it while still holding it.
+		if !p.exists(recordName(id)) && !p.exists(imageName(id)) {
+			p.removeLockFile(id)
+		}
 		unix.Flock(int(f.Fd()), unix.LOCK_UN)
 		f.Close()
 		mu.Unlock()
 	}, nil
+}
+
+// exists reports whether volumes/name is present (whatever it is).
+func (p *Pool) exists(name string) bool {
+	_, err := p.vols.stat(name)
+	return err == nil
 }
 
 // flock locks the lock file name in d without waiting. A deleter

@@ -159,3 +159,9 @@ func (p *Pool) own(id VolumeID) error {
 	}
 	return nil
 }
+
+// Close releases the pool's directory descriptors. A driver keeps its pools
+// open for its lifetime; tests close them to unmount what holds them.
+func (p *Pool) Close() error {
+	return errors.Join(p.root.f.Close(), p.vols.f.Close(), p.nodes.f.Close())
+}

@@ -201,10 +201,8 @@ func (p *Pool) sweepLock(r *SweepReport, id VolumeID) {
 // dropUnusedLock removes the held lock file of id when the volume has
 // neither record nor image.
 func (p *Pool) dropUnusedLock(r *SweepReport, id VolumeID) {
-	for _, name := range []string{recordName(id), imageName(id)} {
-		if _, err := p.vols.stat(name); err == nil {
-			return
-		}
+	if p.exists(recordName(id)) || p.exists(imageName(id)) {
+		return
 	}
 	p.removeLockFile(id)
 	r.LockFiles = append(r.LockFiles, lockName(id))
