@@ -226,11 +226,11 @@ func (c *Controller) Run(ctx context.Context) error {
 
 	// The handlers are added only now, when this replica starts acting:
 	// a standby replica's informers keep a warm cache but queue nothing.
-	regs, err := c.addEventHandlers(ctx)
+	handlers, err := c.addEventHandlers(ctx)
 	if err != nil {
 		return fmt.Errorf("capacity controller: event handlers: %w", err)
 	}
-	defer removeHandlers(logger, regs)
+	defer handlers.Remove(logger)
 	logger.Info("Starting the capacity controller", "namespace", c.cfg.Namespace, "managedBy", c.managedBy,
 		"workers", c.cfg.Workers, "pollInterval", c.cfg.PollInterval, "immediateBinding", c.cfg.ImmediateBinding,
 		"topology", c.topologyCapable)
@@ -238,9 +238,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	if c.csiNodeInformer != nil {
 		synced = append(synced, c.csiNodeInformer.HasSynced, c.nodeInformer.HasSynced)
 	}
-	for _, r := range regs {
-		synced = append(synced, r.reg.HasSynced)
-	}
+	synced = append(synced, handlers.Synced()...)
 	if !cache.WaitForNamedCacheSyncWithContext(ctx, synced...) {
 		return nil // ctx ended
 	}
@@ -342,22 +340,13 @@ func (c *Controller) worker(ctx context.Context) {
 	}
 }
 
-// processNextItem takes one item off the queue and syncs it. It is the only
-// place that calls Done, Forget and the rate-limited re-adds. It returns
+// processNextItem takes one item off the queue and syncs it (through
+// kube.Queue.ProcessNext, the only place that calls Done, Forget and the
+// rate-limited re-adds): while the driver is away it waits with the items
+// still queued. Final gRPC errors of GetCapacity wait longer. It returns
 // false when the worker should stop.
 func (c *Controller) processNextItem(ctx context.Context) bool {
-	// While the driver is away, wait with the items still queued.
-	if err := c.csi.WaitReady(ctx); err != nil {
-		return false
-	}
-	it, quit := c.q.Q.Get()
-	if quit {
-		return false
-	}
-	defer c.q.Q.Done(it)
-	err := c.sync(ctx, it)
-	c.q.Handle(ctx, it, err, err != nil && csiclient.IsFinal(err))
-	return true
+	return c.q.ProcessNext(ctx, c.csi.WaitReady, c.sync, csiclient.IsFinal)
 }
 
 // classWanted tells whether objects are published for sc.

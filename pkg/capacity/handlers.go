@@ -10,6 +10,8 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
+
+	"github.com/loopvol/loopvol/internal/kube"
 )
 
 // indexByItem indexes the objects by the item they belong to.
@@ -32,31 +34,18 @@ func itemOf(o *storagev1.CSIStorageCapacity) workItem {
 	return workItem{class: o.StorageClassName, segment: objectSegmentKey(o.NodeTopology, o.UID)}
 }
 
-// handler is one event handler the controller added to a shared informer.
-type handler struct {
-	inf cache.SharedIndexInformer
-	reg cache.ResourceEventHandlerRegistration
-}
-
 // addEventHandlers adds the controller's handlers to the informers. On an
 // error the handlers added so far are removed again.
-func (c *Controller) addEventHandlers(ctx context.Context) ([]handler, error) {
+func (c *Controller) addEventHandlers(ctx context.Context) (*kube.Handlers, error) {
 	logger := klog.FromContext(ctx)
-	var regs []handler
-	add := func(inf cache.SharedIndexInformer, h cache.ResourceEventHandler) error {
-		reg, err := inf.AddEventHandler(h)
-		if err == nil {
-			regs = append(regs, handler{inf: inf, reg: reg})
-		}
-		return err
-	}
-	err := add(c.scInformer, cache.ResourceEventHandlerFuncs{
+	hs := &kube.Handlers{}
+	err := hs.Add(c.scInformer, cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(obj any) { c.classChanged(logger, nil, obj) },
 		UpdateFunc: func(oldObj, newObj any) { c.classChanged(logger, oldObj, newObj) },
 		DeleteFunc: func(obj any) { c.classChanged(logger, nil, tombstoned(obj)) },
-	})
+	}, 0)
 	if err == nil {
-		err = add(c.pvInformer, cache.ResourceEventHandlerDetailedFuncs{
+		err = hs.Add(c.pvInformer, cache.ResourceEventHandlerDetailedFuncs{
 			AddFunc: func(obj any, initial bool) {
 				// Run queues everything once the caches are synced.
 				if !initial {
@@ -65,47 +54,34 @@ func (c *Controller) addEventHandlers(ctx context.Context) ([]handler, error) {
 			},
 			UpdateFunc: func(oldObj, newObj any) { c.pvChanged(logger, oldObj, newObj) },
 			DeleteFunc: func(obj any) { c.pvChanged(logger, nil, tombstoned(obj)) },
-		})
+		}, 0)
 	}
 	if err == nil {
-		err = add(c.objInformer, cache.ResourceEventHandlerFuncs{
+		err = hs.Add(c.objInformer, cache.ResourceEventHandlerFuncs{
 			AddFunc:    func(obj any) { c.objectChanged(logger, obj) },
 			UpdateFunc: func(_, newObj any) { c.objectChanged(logger, newObj) },
 			DeleteFunc: func(obj any) { c.objectDeleted(logger, tombstoned(obj)) },
-		})
+		}, 0)
 	}
 	if err == nil && c.csiNodeInformer != nil {
-		err = add(c.csiNodeInformer, cache.ResourceEventHandlerFuncs{
-			AddFunc: func(obj any) { c.csiNodeChanged(logger, nil, obj) },
-			UpdateFunc: func(oldObj, newObj any) {
-				c.csiNodeChanged(logger, oldObj, newObj)
-			},
+		err = hs.Add(c.csiNodeInformer, cache.ResourceEventHandlerFuncs{
+			AddFunc:    func(obj any) { c.csiNodeChanged(logger, nil, obj) },
+			UpdateFunc: func(oldObj, newObj any) { c.csiNodeChanged(logger, oldObj, newObj) },
 			DeleteFunc: func(obj any) { c.csiNodeChanged(logger, nil, tombstoned(obj)) },
-		})
+		}, 0)
 	}
 	if err == nil && c.nodeInformer != nil {
-		err = add(c.nodeInformer, cache.ResourceEventHandlerFuncs{
+		err = hs.Add(c.nodeInformer, cache.ResourceEventHandlerFuncs{
 			AddFunc:    func(obj any) { c.nodeChanged(logger, nil, obj) },
 			UpdateFunc: func(oldObj, newObj any) { c.nodeChanged(logger, oldObj, newObj) },
 			DeleteFunc: func(obj any) { c.nodeChanged(logger, nil, tombstoned(obj)) },
-		})
+		}, 0)
 	}
 	if err != nil {
-		for _, r := range regs {
-			_ = r.inf.RemoveEventHandler(r.reg)
-		}
+		hs.Remove(logger)
 		return nil, err
 	}
-	return regs, nil
-}
-
-// removeHandlers removes handlers added by addEventHandlers.
-func removeHandlers(logger klog.Logger, regs []handler) {
-	for _, r := range regs {
-		if err := r.inf.RemoveEventHandler(r.reg); err != nil {
-			logger.V(4).Info("Could not remove an event handler", "err", err.Error())
-		}
-	}
+	return hs, nil
 }
 
 // tombstoned unwraps the last known state of a deleted object.
