@@ -227,6 +227,7 @@ func run(ctx context.Context, o options) error {
 		if err != nil {
 			return err
 		}
+		c.Start(ctx) // sweeps what killed processes left in the pools, then every 10 minutes
 		cfg.Controller = c
 		served = pools
 	}

@@ -11,7 +11,9 @@ import (
 // match the request: the "pool" parameter, if given, and the zone of the
 // topology segment, if given. available_capacity is their sum;
 // maximum_volume_size the largest single pool's, since one volume lives in
-// one pool. A pool this controller does not have reports zero.
+// one pool. A pool this controller does not have reports zero. Orphan images
+// (images without a record) hold their space until Sweep reclaims them, so
+// it is not offered.
 func (s *Server) GetCapacity(ctx context.Context, req *csi.GetCapacityRequest) (*csi.GetCapacityResponse, error) {
 	if err := validateParameters(req.GetParameters()); err != nil {
 		return nil, err

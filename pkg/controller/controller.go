@@ -1,11 +1,13 @@
 package controller
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"sort"
 	"sync"
+	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/loopvol/loopvol/pkg/pool"
@@ -32,7 +34,17 @@ type Config struct {
 	Pools []*pool.Pool
 	// DefaultFsType is used when a mount capability names none.
 	DefaultFsType string
+	// OrphanGrace is the age past which Sweep reclaims an orphan image
+	// that holds no data; 0 means pool.DefaultOrphanGrace.
+	OrphanGrace time.Duration
+	// SweepInterval is the time between sweeps after the first; 0 means
+	// DefaultSweepInterval.
+	SweepInterval time.Duration
 }
+
+// DefaultSweepInterval is how often Start sweeps the pools: leftovers only
+// cost space, and an orphan waits out its grace (15 minutes) anyway.
+const DefaultSweepInterval = 10 * time.Minute
 
 // Server is the CSI Controller service.
 type Server struct {
@@ -49,6 +61,9 @@ type Server struct {
 	// cannot both take the node's last free slot.
 	nodesMu sync.Mutex
 	nodes   map[string]*sync.Mutex
+
+	orphanGrace   time.Duration
+	sweepInterval time.Duration
 }
 
 // New returns the Controller service.
@@ -56,7 +71,11 @@ func New(cfg Config) (*Server, error) {
 	if len(cfg.Pools) == 0 {
 		return nil, errors.New("the controller needs at least one pool")
 	}
-	s := &Server{pools: map[string]*pool.Pool{}, defaultFsType: cfg.DefaultFsType, nodes: map[string]*sync.Mutex{}}
+	if cfg.OrphanGrace < 0 || cfg.SweepInterval < 0 {
+		return nil, errors.New("the orphan grace and the sweep interval must not be negative")
+	}
+	s := &Server{pools: map[string]*pool.Pool{}, defaultFsType: cfg.DefaultFsType, nodes: map[string]*sync.Mutex{},
+		orphanGrace: cmp.Or(cfg.OrphanGrace, pool.DefaultOrphanGrace), sweepInterval: cmp.Or(cfg.SweepInterval, DefaultSweepInterval)}
 	if s.defaultFsType == "" {
 		s.defaultFsType = "ext4"
 	}
