@@ -229,7 +229,8 @@ func newFlagSet(cfg *config, getenv func(string) string) (*flag.FlagSet, *string
 	fs.StringVar(&cfg.defaultFSType, "default-fstype", "", "Filesystem type of mount volumes whose PersistentVolume names none. Empty leaves it to the driver.")
 	fs.IntVar(&cfg.maxGRPCLogLength, "max-grpc-log-length", -1, "Longest CSI response logged at -v=5, in characters; 0 or less means no limit.")
 	fs.BoolVar(&cfg.leaderElection, "leader-election", false, "Run each controller only while holding its Lease, named as the upstream sidecar it replaces names it (attach: external-attacher-leader-<sanitized driver name>, resizer: external-resizer-<sanitized driver name>), "+
-		"so that only one of several replicas, ours or upstream's, acts. The registrar never needs one. With --node-deployment the Lease name ends in the node name.")
+		"so that only one of several replicas, ours or upstream's, acts. capacity holds loopvol-capacity-leader-<sanitized driver name>: the upstream provisioner keeps its own Lease beside it. "+
+		"The registrar never needs one. With --node-deployment the Lease name ends in the node name.")
 	fs.StringVar(&cfg.leaderElectionNamespace, "leader-election-namespace", "", "Namespace of the leader-election Leases. Empty means $POD_NAMESPACE, else \"default\".")
 	fs.DurationVar(&cfg.leaderElectionLeaseDuration, "leader-election-lease-duration", 15*time.Second, "How long other replicas wait after the leader's last renewal before they take the Lease over.")
 	fs.DurationVar(&cfg.leaderElectionRenewDeadline, "leader-election-renew-deadline", 10*time.Second, "How long the leader keeps trying to renew the Lease before it gives up leading (and exits, to be restarted).")

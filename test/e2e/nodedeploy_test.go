@@ -2,12 +2,14 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	storagev1 "k8s.io/api/storage/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 
@@ -48,21 +50,27 @@ func (r *rig) startLocalNode(suffix, nodeID string) *localNode {
 }
 
 // TestNodeDeployment: two nodes, each with its own driver and pool and its
-// own sidecar with --node-deployment and leader election (a DaemonSet).
-// Each sidecar attaches and detaches exactly the VolumeAttachments of its
-// node, through its own driver, and holds a Lease of its own node; nothing
-// is handled twice or by the wrong node.
+// own sidecar with --node-deployment --controllers=attach,capacity and
+// leader election (a DaemonSet). Each sidecar attaches and detaches exactly
+// the VolumeAttachments of its node, through its own driver, holds a Lease of
+// its own node, and publishes one CSIStorageCapacity object for its node's
+// segment with its own managed-by value; nothing is handled twice or by the
+// wrong node.
 func TestNodeDeployment(t *testing.T) {
 	r := newRig(t)
 	ns := r.env.Namespace(t)
+	t.Setenv("NAMESPACE", ns) // the capacity controller's objects
 	nodes := []*localNode{r.startLocalNode("a", "local-a"), r.startLocalNode("b", "local-b")}
+	class := r.createWFFCClass("nodes")
+	kubeconfig := r.restrictedKubeconfig("loopvol-nodedeploy-"+r.id, ns, "rbac-attacher.yaml", "rbac-capacity.yaml")
 	const n = 20
 	var sidecars []*attacher
 	var vols [][]volume
 	var names [][]string
 	for _, node := range nodes {
-		sidecars = append(sidecars, r.startAttacher("sidecar-"+node.nodeID,
+		sidecars = append(sidecars, r.startSidecar("sidecar-"+node.nodeID, kubeconfig,
 			"--csi-address="+node.driver.Endpoint, "--node-deployment", "--node-name="+node.name,
+			"--controllers=attach,capacity", "--capacity-ownerref-level=-1",
 			"--leader-election", "--leader-election-namespace="+ns))
 		v := r.createVolumesOn(node.ctrl, node.nodeID, n)
 		vols = append(vols, v)
@@ -96,6 +104,35 @@ func TestNodeDeployment(t *testing.T) {
 		t.Fatalf("per-node Leases %s-<node> not both held: %v", leaseName, leases)
 	}
 
+	// One capacity object per node: its segment, its managed-by value,
+	// the figure of its own pool.
+	var problem string
+	err = wait.PollUntilContextTimeout(r.ctx, 200*time.Millisecond, shortWait, true, func(ctx context.Context) (bool, error) {
+		list, err := r.client.StorageV1().CSIStorageCapacities(ns).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			problem = err.Error()
+			return false, nil
+		}
+		byManager := map[string][]string{}
+		for _, o := range list.Items {
+			if o.StorageClassName != class || o.Capacity == nil || o.Capacity.Value() <= 0 {
+				continue
+			}
+			byManager[o.Labels["csi.storage.k8s.io/managed-by"]] = append(byManager[o.Labels["csi.storage.k8s.io/managed-by"]],
+				o.NodeTopology.MatchLabels["topology.loopvol.csi.io/zone"])
+		}
+		problem = fmt.Sprint(byManager)
+		for _, node := range nodes {
+			if got := byManager["external-provisioner-"+node.name]; len(got) != 1 || got[0] != node.name {
+				return false, nil
+			}
+		}
+		return len(byManager) == len(nodes), nil
+	})
+	if err != nil {
+		t.Fatalf("CSIStorageCapacity objects by managed-by label: %s; want one per node, of its own zone", problem)
+	}
+
 	for i := range nodes {
 		r.deleteVAs(names[i])
 	}
@@ -110,4 +147,23 @@ func TestNodeDeployment(t *testing.T) {
 		r.deletePVs(vols[i])
 		r.waitPVsReleased("PersistentVolumes of "+nodes[i].name+" released", vols[i])
 	}
+}
+
+// createWFFCClass creates a WaitForFirstConsumer StorageClass of the driver
+// with no parameters (every pool of a segment), deleted when the test ends.
+func (r *rig) createWFFCClass(suffix string) string {
+	r.t.Helper()
+	mode := storagev1.VolumeBindingWaitForFirstConsumer
+	sc, err := r.client.StorageV1().StorageClasses().Create(r.ctx, &storagev1.StorageClass{
+		ObjectMeta:        metav1.ObjectMeta{Name: "e2e-" + r.id + "-" + suffix, Labels: r.labels()},
+		Provisioner:       driverName,
+		VolumeBindingMode: &mode,
+	}, metav1.CreateOptions{})
+	if err != nil {
+		r.t.Fatalf("create StorageClass: %v", err)
+	}
+	r.t.Cleanup(func() {
+		ignoreNotFound(r.t, r.client.StorageV1().StorageClasses().Delete(context.WithoutCancel(r.ctx), sc.Name, metav1.DeleteOptions{}))
+	})
+	return sc.Name
 }

@@ -199,7 +199,11 @@ func TestZZRBACCoversEveryCall(t *testing.T) {
 	var checked int
 	for _, key := range slices.Sorted(maps.Keys(observed)) {
 		files := strings.Split(key, "+")
-		name := "rbac-proof-" + strings.TrimSuffix(strings.TrimPrefix(files[0], "rbac-"), ".yaml")
+		var parts []string
+		for _, f := range files {
+			parts = append(parts, strings.TrimSuffix(strings.TrimPrefix(f, "rbac-"), ".yaml"))
+		}
+		name := "rbac-proof-" + strings.Join(parts, "-")
 		if _, err := r.client.CoreV1().ServiceAccounts(ns).Create(r.ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
