@@ -425,6 +425,13 @@ func TestRestartFindsMountsAndCrashRetry(t *testing.T) {
 	if code := status.Code(err); code == codes.OK || code == codes.Unknown {
 		t.Fatalf("publish of a volume with a torn record: %v", err)
 	}
+	// Nodes serve the pool, so a volume whose record cannot be read may be
+	// in use: not deleted until the operator moves the record aside.
+	_, err = c.ctrl.DeleteVolume(bg(), &csi.DeleteVolumeRequest{VolumeId: first})
+	wantCode(t, "delete of a volume with a torn record", err, codes.FailedPrecondition)
+	if err := os.Rename(rec, rec+".unreadable"); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := c.ctrl.DeleteVolume(bg(), &csi.DeleteVolumeRequest{VolumeId: first}); err != nil {
 		t.Fatal(err)
 	}
