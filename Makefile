@@ -100,3 +100,20 @@ test-images: ##@ hack/images' tests: both image recipes agree; the node image ru
 	@echo "### test-images"
 	$(GO) -C hack/images vet .
 	$(GO) -C hack/images test -count=1 .
+
+# The one-node cluster (docs/cluster.md): kube-controller-manager,
+# kube-scheduler, kubelet, kubectl, containerd, runc, csi-provisioner and
+# pause beside kube-apiserver and etcd; the provisioner and pause images.
+CLUSTER_DIR ?= $(RUN)/cluster
+
+.PHONY: cluster-tools cluster-images demo test-cluster
+
+cluster-tools: ##@ Build everything the one-node cluster runs into bin/ (once; cached in ~/.cache/loopvol/tools).
+	@echo "### cluster-tools"
+	@hack/tools/build.sh $(BIN) cluster
+
+cluster-images: static cluster-tools ##@ make images plus the csi-provisioner and pause images (OCI archives for containerd).
+	@echo "### cluster-images"
+	$(GO) -C hack/images build -o $(BIN)/images .
+	$(BIN)/images -bin $(STATIC) -tools $(BIN) -out $(IMAGES_OUT) -cache $(IMAGES_CACHE) -repo $(IMAGE_REPO) \
+		-tag $(IMAGE_TAG) -tag dev -created $(IMAGES_CREATED)

@@ -41,6 +41,8 @@ func run(args []string) error {
 	repo := fs.String("repo", "localhost/loopvol", "Repository the images are named in: <repo>/<image>:<tag>.")
 	created := fs.String("created", "0", "Creation time of the images in seconds since the epoch (e.g. the commit's), so that builds repeat bit for bit.")
 	only := fs.String("images", "", "Comma-separated images to build (default: all).")
+	toolDir := fs.String("tools", "", "Directory of the one-node cluster's tool binaries csi-provisioner and pause (hack/tools/build.sh builds them into bin/); when set, their images "+
+		"<repo>/csi-provisioner and <repo>/pause are built too, tagged with the tool's version.")
 	var tagList tags
 	fs.Var(&tagList, "tag", "Tag of the images; repeat for more (default: dev). The first is also the version label.")
 	if err := fs.Parse(args); err != nil {
@@ -76,21 +78,46 @@ func run(args []string) error {
 		return err
 	}
 	for n := range want {
-		if !slices.ContainsFunc(recipes, func(r recipe) bool { return r.name == n }) {
+		if !slices.ContainsFunc(recipes, func(r recipe) bool { return r.name == n }) &&
+			!slices.ContainsFunc(toolRecipes, func(r toolRecipe) bool { return r.name == n }) {
 			return fmt.Errorf("-images: no image %q", n)
 		}
 	}
+	type job struct {
+		b    *builder
+		r    recipe
+		tags []string
+	}
+	var jobs []job
 	for _, r := range recipes {
+		if len(want) == 0 || want[r.name] {
+			jobs = append(jobs, job{b, r, tagList})
+		}
+	}
+	for _, r := range toolRecipes {
 		if len(want) > 0 && !want[r.name] {
 			continue
 		}
+		if *toolDir == "" {
+			if want[r.name] {
+				return fmt.Errorf("-images %s needs -tools", r.name)
+			}
+			continue
+		}
+		tb := *b
+		tb.binDir = *toolDir
+		tb.version = r.tag
+		jobs = append(jobs, job{&tb, r.recipe, []string{r.tag}})
+	}
+	for _, j := range jobs {
+		b, r := j.b, j.r
 		start := time.Now()
 		img, err := b.image(r)
 		if err != nil {
 			return fmt.Errorf("%s: %w", r.name, err)
 		}
 		var refs []string
-		for _, t := range tagList {
+		for _, t := range j.tags {
 			refs = append(refs, *repo+"/"+r.name+":"+t)
 		}
 		dir := filepath.Join(*out, r.name)

@@ -102,3 +102,44 @@ var nodeCommands = []string{
 	"mount", "umount", "blkid", "blockdev", "fsck", "fsck.ext4", "fsck.xfs",
 	"mkfs.ext4", "mkfs.xfs", "e2fsck", "resize2fs", "xfs_growfs",
 }
+
+// toolRecipe is an image of the one-node cluster that is not loopvol's own
+// and has no Dockerfile stage: an upstream or helper binary that
+// hack/tools/build.sh builds (into bin/), alone on an empty base. Its tag is
+// the binary's version, not loopvol's.
+type toolRecipe struct {
+	recipe
+	// tag is the image's only tag.
+	tag string
+}
+
+// toolRecipes are built when -tools names the directory of their binaries.
+var toolRecipes = []toolRecipe{
+	{
+		// The upstream provisioner of the controller pod
+		// (deploy/kubernetes/base/controller.yaml); the tag is the version
+		// that hack/tools/provisioner/go.mod pins and overlays/local names.
+		recipe: recipe{
+			name:       "csi-provisioner",
+			from:       "scratch",
+			tree:       "controller",
+			binaries:   []placement{{src: "csi-provisioner", dst: "/csi-provisioner"}},
+			user:       "65532:65532",
+			entrypoint: []string{"/csi-provisioner"},
+		},
+		tag: "v6.4.0",
+	},
+	{
+		// The pods' sandbox image (containerd's sandbox_image, kubelet's
+		// --pod-infra-container-image): hack/tools/pause, which sleeps
+		// until SIGTERM and reaps children. 65535 as upstream's pause.
+		recipe: recipe{
+			name:       "pause",
+			from:       "scratch",
+			binaries:   []placement{{src: "pause", dst: "/pause"}},
+			user:       "65535:65535",
+			entrypoint: []string{"/pause"},
+		},
+		tag: "3.10",
+	},
+}

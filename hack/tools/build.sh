@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Builds the real Kubernetes binaries that loopvol's tests run (by default
-# kube-apiserver and etcd, for envtest) from the versions pinned in
-# hack/tools/go.mod and hack/tools/etcd/go.mod.
+# kube-apiserver and etcd, for envtest) and those of the one-node cluster
+# (internal/cluster) from the versions pinned in the go.mod files here:
+# go.mod (Kubernetes), etcd/, containerd/, runc/, provisioner/ and pause/.
 #
 # Usage: hack/tools/build.sh [BIN_DIR] [NAME...]
 #   BIN_DIR  where the binaries go (default: <repo root>/bin)
-#   NAME     kube-apiserver, etcd, or any k8s.io/kubernetes/cmd/<NAME>
-#            (kubelet, kubectl, kube-scheduler, kube-controller-manager, ...)
+#   NAME     kube-apiserver, etcd, any k8s.io/kubernetes/cmd/<NAME>
+#            (kubelet, kubectl, kube-scheduler, kube-controller-manager, ...),
+#            containerd, containerd-shim-runc-v2, ctr, runc, csi-provisioner,
+#            pause, or "cluster" for everything the one-node cluster runs
 #            default: kube-apiserver etcd
 #
 # A cold build takes 10-15 minutes on 2 cores, so finished binaries are kept
@@ -21,7 +24,15 @@ repo_root=$(cd "$here/../.." && pwd)
 
 bin_dir=${1:-$repo_root/bin}
 if (($# > 0)); then shift; fi
-names=("$@")
+names=()
+for name in "$@"; do
+	if [[ $name == cluster ]]; then
+		names+=(etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl
+			containerd containerd-shim-runc-v2 ctr runc csi-provisioner pause)
+	else
+		names+=("$name")
+	fi
+done
 if ((${#names[@]} == 0)); then
 	names=(kube-apiserver etcd)
 fi
@@ -43,6 +54,7 @@ kube_version=$(mod_version "$here/go.mod" k8s.io/kubernetes)
 etcd_version=$(mod_version "$here/etcd/go.mod" go.etcd.io/etcd/server/v3)
 [[ -n $kube_version ]] || die "no k8s.io/kubernetes version in $here/go.mod"
 [[ -n $etcd_version ]] || die "no go.etcd.io/etcd/server/v3 version in $here/etcd/go.mod"
+# The others are read only when they are asked for (describe).
 
 # Without these the Kubernetes binaries report v0.0.0, and clients that
 # negotiate by server version (and our own checks below) would be misled.
@@ -55,9 +67,11 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
 	kube_ldflags+=" -X $pkg.gitVersion=$kube_version -X $pkg.gitMajor=$kube_major -X $pkg.gitMinor=$kube_minor -X $pkg.gitTreeState=clean"
 done
 
+# One cache folder per pinned set: Kubernetes and etcd (the envtest pair)
+# share one, the cluster's other tools have one each (describe).
 cache_root=${XDG_CACHE_HOME:-$HOME/.cache}/loopvol/tools
-cache_dir=$cache_root/k8s-$kube_version-etcd-$etcd_version
-mkdir -p "$cache_dir" "$bin_dir"
+kube_cache=$cache_root/k8s-$kube_version-etcd-$etcd_version
+mkdir -p "$cache_root" "$bin_dir"
 bin_dir=$(cd "$bin_dir" && pwd)
 
 # Temporary files this run created; removed however the script ends.
@@ -75,15 +89,20 @@ trap 'exit 143' TERM
 # Two runs at once (two clones, make -j) would both spend 10 minutes on the
 # same build; the second waits for the first and then finds the cache filled.
 if command -v flock >/dev/null; then
-	exec 9>"$cache_dir/.lock"
+	exec 9>"$cache_root/.lock"
 	if ! flock -n 9; then
-		log "waiting for another build.sh using $cache_dir..."
+		log "waiting for another build.sh using $cache_root..."
 		flock 9
 	fi
 fi
 
-# describe NAME sets mod_dir, pkg, version, ldflags and eta for NAME.
+# describe NAME sets mod_dir, pkg, version, ldflags, tags, cgo, vflag,
+# cache_dir and eta for NAME.
 describe() {
+	tags=""
+	cgo=0
+	vflag=--version
+	cache_dir=$kube_cache
 	case $1 in
 	etcd)
 		mod_dir=$here/etcd
@@ -98,21 +117,65 @@ describe() {
 		version=$kube_version
 		ldflags=$kube_ldflags
 		eta="~10 minutes"
+		[[ $1 == kubectl ]] && vflag="version --client"
+		;;
+	containerd | containerd-shim-runc-v2 | ctr)
+		mod_dir=$here/containerd
+		local m=github.com/containerd/containerd/v2
+		pkg=$m/cmd/$1
+		version=$(mod_version "$mod_dir/go.mod" $m)
+		ldflags="-s -w -X $m/version.Version=$version -X $m/version.Package=$m"
+		# The snapshotters that need kernel modules or libraries this
+		# machine lacks; overlayfs and native stay.
+		tags="no_btrfs no_devmapper"
+		[[ $1 == containerd-shim-runc-v2 ]] && vflag=-v
+		cache_dir=$cache_root/containerd-$version
+		eta="~2 minutes"
+		;;
+	runc)
+		mod_dir=$here/runc
+		pkg=github.com/opencontainers/runc
+		version=$(mod_version "$mod_dir/go.mod" $pkg)
+		ldflags="-s -w"
+		# seccomp needs cgo and libseccomp-dev (Debian); runc reads its
+		# version from its embedded VERSION file.
+		tags="seccomp urfave_cli_no_docs"
+		cgo=1
+		cache_dir=$cache_root/runc-$version
+		eta="~1-2 minutes"
+		;;
+	csi-provisioner)
+		mod_dir=$here/provisioner
+		local m=github.com/kubernetes-csi/external-provisioner/v6
+		pkg=$m/cmd/csi-provisioner
+		version=$(mod_version "$mod_dir/go.mod" $m)
+		ldflags="-s -w -X main.version=$version"
+		cache_dir=$cache_root/csi-provisioner-$version
+		eta="~3-5 minutes"
+		;;
+	pause)
+		mod_dir=$here
+		pkg=./pause
+		# Our own source: the cache is keyed by its content.
+		version=$(cat "$here/pause/"*.go | sha256sum | cut -c1-12)
+		ldflags="-s -w -X main.version=$version"
+		vflag=-v
+		cache_dir=$cache_root/pause-$version
+		eta="seconds"
 		;;
 	*)
-		die "unknown tool '$1' (want etcd or a k8s.io/kubernetes/cmd name)"
+		die "unknown tool '$1' (want etcd, a k8s.io/kubernetes/cmd name, containerd, containerd-shim-runc-v2, ctr, runc, csi-provisioner, pause or cluster)"
 		;;
 	esac
+	[[ -n $version ]] || die "no version of $1 in $mod_dir/go.mod"
+	mkdir -p "$cache_dir"
 }
 
 # has_version NAME FILE VERSION succeeds when FILE runs and reports VERSION.
 has_version() {
 	local out want=${3#v}
-	if [[ $1 == kubectl ]]; then
-		out=$("$2" version --client 2>&1) || return 1
-	else
-		out=$("$2" --version 2>&1) || return 1
-	fi
+	# shellcheck disable=SC2086 # vflag may be two words
+	out=$("$2" $vflag 2>&1) || return 1
 	grep -Eq "(^|[^0-9.])v?${want//./\\.}([^0-9.]|$)" <<<"$out"
 }
 
@@ -135,8 +198,8 @@ build() {
 	start=$SECONDS
 	(
 		cd "$mod_dir"
-		GOWORK=off CGO_ENABLED=0 GOFLAGS="${GOFLAGS:+$GOFLAGS }-mod=mod" \
-			go build -trimpath -ldflags "$ldflags" -o "$tmp" "$pkg"
+		GOWORK=off CGO_ENABLED=$cgo GOFLAGS="${GOFLAGS:+$GOFLAGS }-mod=mod" \
+			go build -trimpath -tags "$tags" -ldflags "$ldflags" -o "$tmp" "$pkg"
 	)
 	has_version "$name" "$tmp" "$version" ||
 		die "the freshly built $name does not report version $version"
@@ -144,7 +207,7 @@ build() {
 	log "built $name $version in $((SECONDS - start))s"
 }
 
-log "cache: $cache_dir"
+log "cache: $cache_root"
 for name in "${names[@]}"; do
 	describe "$name"
 	cached=$cache_dir/$name

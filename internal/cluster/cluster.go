@@ -1,0 +1,370 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+)
+
+// Cluster is a running one-node cluster.
+type Cluster struct {
+	cfg Config
+
+	// Server is the apiserver's URL (https://127.0.0.1:<port>).
+	Server string
+	// Kubeconfig is the path of a cluster-admin kubeconfig.
+	Kubeconfig string
+	// Rest is the cluster-admin client configuration.
+	Rest *rest.Config
+	// Client is a cluster-admin client.
+	Client kubernetes.Interface
+	// NodeName is the one Node's name.
+	NodeName string
+	// KubeletDir is kubelet's root directory (<Dir>/kubelet).
+	KubeletDir string
+	// LogDir holds every daemon's log (<Dir>/logs) and, under pods/, the
+	// containers' logs.
+	LogDir string
+	// ContainerdSocket is containerd's socket.
+	ContainerdSocket string
+
+	pki                string
+	containerdDir      string
+	kubeletPort        int
+	kubeletHealthzPort int
+	procs              []*process
+	kubelet            *process
+	containerd         *process
+	// created are the directories outside Dir that this cluster made,
+	// removed by Down.
+	created []string
+}
+
+// Up starts the cluster and waits until its node is Ready. On an error it
+// tears down what it started. The caller must call Down when Up succeeded.
+func Up(ctx context.Context, cfg Config) (*Cluster, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	c := &Cluster{
+		cfg:        cfg,
+		NodeName:   cfg.NodeName,
+		KubeletDir: filepath.Join(cfg.Dir, "kubelet"),
+		LogDir:     filepath.Join(cfg.Dir, "logs"),
+		pki:        filepath.Join(cfg.Dir, "pki"),
+	}
+	c.containerdDir = filepath.Join(cfg.Dir, "containerd")
+	c.ContainerdSocket = filepath.Join(c.containerdDir, "containerd.sock")
+	c.Server = "https://127.0.0.1:" + strconv.Itoa(cfg.APIPort)
+	start := time.Now()
+	if err := c.up(ctx); err != nil {
+		c.say("cluster: up failed after %s: %v", since(start), err)
+		if derr := c.Down(context.Background()); derr != nil {
+			err = errors.Join(err, fmt.Errorf("teardown: %w", derr))
+		}
+		return nil, err
+	}
+	c.say("cluster: up in %s (node %s Ready; kubeconfig %s; logs %s)", since(start), c.NodeName, c.Kubeconfig, c.LogDir)
+	return c, nil
+}
+
+func (c *Cluster) say(format string, args ...any) {
+	fmt.Fprintf(c.cfg.Out, format+"\n", args...)
+}
+
+func since(t time.Time) time.Duration { return time.Since(t).Round(10 * time.Millisecond) }
+
+func (c *Cluster) up(ctx context.Context) error {
+	if pids := pidsWithArg(c.ContainerdSocket); len(pids) > 0 {
+		return fmt.Errorf("%s: processes %v of an earlier cluster still run there", c.cfg.Dir, pids)
+	}
+	if l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(c.cfg.APIPort))); err != nil {
+		return fmt.Errorf("apiserver port %d: %w", c.cfg.APIPort, err)
+	} else {
+		l.Close()
+	}
+	// Earlier state (a crashed run) goes; the logs stay, appended to.
+	for _, d := range []string{"pki", "etcd", "kubelet", "containerd", "cni", "pod-logs", "pools"} {
+		if err := c.removeTree(filepath.Join(c.cfg.Dir, d)); err != nil {
+			return err
+		}
+	}
+	for _, d := range []string{c.pki, c.LogDir, c.KubeletDir, c.containerdDir, filepath.Join(c.cfg.Dir, "cni"), filepath.Join(c.cfg.Dir, "pod-logs")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return err
+		}
+	}
+	// Paths kubelet and containerd use whatever their configuration says.
+	for _, d := range []string{"/var/lib/kubelet/device-plugins", "/run/containerd"} {
+		if err := c.mkdirOutside(d); err != nil {
+			return err
+		}
+	}
+
+	step := time.Now()
+	if err := c.writePKI(); err != nil {
+		return fmt.Errorf("certificates: %w", err)
+	}
+	ports, err := freePorts(6)
+	if err != nil {
+		return err
+	}
+	etcdClient, etcdPeer, kcmPort, schedPort := ports[0], ports[1], ports[2], ports[3]
+	c.kubeletPort, c.kubeletHealthzPort = ports[4], ports[5]
+
+	// etcd
+	etcdURL := "http://127.0.0.1:" + strconv.Itoa(etcdClient)
+	peerURL := "http://127.0.0.1:" + strconv.Itoa(etcdPeer)
+	if _, err := c.start("etcd", nil,
+		"--name=loopvol", "--data-dir="+filepath.Join(c.cfg.Dir, "etcd"),
+		"--listen-client-urls="+etcdURL, "--advertise-client-urls="+etcdURL,
+		"--listen-peer-urls="+peerURL, "--initial-advertise-peer-urls="+peerURL,
+		"--initial-cluster=loopvol="+peerURL, "--unsafe-no-fsync", "--log-level=warn"); err != nil {
+		return err
+	}
+	if err := c.poll("etcd healthy", time.Minute, func() error { return httpOK(http.DefaultClient, etcdURL+"/health") }); err != nil {
+		return err
+	}
+	c.say("cluster: etcd up in %s", since(step))
+
+	// kube-apiserver
+	step = time.Now()
+	pki := func(f string) string { return filepath.Join(c.pki, f) }
+	if _, err := c.start("kube-apiserver", nil,
+		"--etcd-servers="+etcdURL,
+		"--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", "--secure-port="+strconv.Itoa(c.cfg.APIPort),
+		// The kubernetes Service's endpoint would be 127.0.0.1, which the
+		// endpoint reconciler refuses; nothing routes to it anyway.
+		"--endpoint-reconciler-type=none",
+		"--tls-cert-file="+pki("apiserver.crt"), "--tls-private-key-file="+pki("apiserver.key"),
+		"--client-ca-file="+pki("ca.crt"),
+		"--kubelet-client-certificate="+pki("apiserver-kubelet-client.crt"), "--kubelet-client-key="+pki("apiserver-kubelet-client.key"),
+		"--kubelet-certificate-authority="+pki("ca.crt"),
+		"--authorization-mode=Node,RBAC", "--enable-admission-plugins=NodeRestriction",
+		"--allow-privileged=true",
+		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+		"--service-account-key-file="+pki("sa.pub"), "--service-account-signing-key-file="+pki("sa.key"),
+		"--service-cluster-ip-range=10.0.0.0/24",
+		"--profiling=false", "--v=1"); err != nil {
+		return err
+	}
+	if c.Kubeconfig, err = c.kubeconfig("admin"); err != nil {
+		return err
+	}
+	if c.Rest, err = clientcmd.BuildConfigFromFlags("", c.Kubeconfig); err != nil {
+		return err
+	}
+	c.Rest.QPS, c.Rest.Burst = 50, 100
+	if c.Client, err = kubernetes.NewForConfig(c.Rest); err != nil {
+		return err
+	}
+	if err := c.poll("kube-apiserver ready", 2*time.Minute, func() error {
+		return c.Client.Discovery().RESTClient().Get().AbsPath("/readyz").Do(ctx).Error()
+	}); err != nil {
+		return err
+	}
+	c.say("cluster: kube-apiserver up in %s (%s)", since(step), c.Server)
+
+	// containerd and the images
+	step = time.Now()
+	if err := os.WriteFile(filepath.Join(c.cfg.Dir, "cni", "10-loopback.conflist"), []byte(cniConfig), 0o644); err != nil {
+		return err
+	}
+	conf := filepath.Join(c.containerdDir, "config.toml")
+	if err := os.WriteFile(conf, []byte(c.containerdConfig()), 0o644); err != nil {
+		return err
+	}
+	// The shim is found on PATH.
+	path := "PATH=" + c.cfg.BinDir + ":" + os.Getenv("PATH")
+	if c.containerd, err = c.start("containerd", []string{path}, "--config="+conf, "--log-level=warn"); err != nil {
+		return err
+	}
+	if err := c.poll("containerd serving", time.Minute, func() error {
+		_, err := c.ctr("version")
+		return err
+	}); err != nil {
+		return err
+	}
+	for _, img := range c.cfg.Images {
+		if _, err := c.ctr("images", "import", "--local", img); err != nil {
+			return fmt.Errorf("import %s: %w", img, err)
+		}
+	}
+	c.say("cluster: containerd up in %s, %d images imported", since(step), len(c.cfg.Images))
+
+	// The controllers and kubelet.
+	step = time.Now()
+	for _, name := range []string{"controller-manager", "scheduler", "kubelet"} {
+		if _, err := c.kubeconfig(name); err != nil {
+			return err
+		}
+	}
+	if _, err := c.start("kube-controller-manager", nil,
+		"--kubeconfig="+filepath.Join(c.cfg.Dir, "kubeconfig-controller-manager"),
+		"--bind-address=127.0.0.1", "--secure-port="+strconv.Itoa(kcmPort),
+		// Each controller with its own ServiceAccount: without it they
+		// are forbidden and the node's not-ready taint stays.
+		"--use-service-account-credentials=true",
+		"--service-account-private-key-file="+pki("sa.key"), "--root-ca-file="+pki("ca.crt"),
+		"--cluster-signing-cert-file="+pki("ca.crt"), "--cluster-signing-key-file="+pki("ca.key"),
+		"--leader-elect=false", "--controllers=*", "--v=1"); err != nil {
+		return err
+	}
+	if _, err := c.start("kube-scheduler", nil,
+		"--kubeconfig="+filepath.Join(c.cfg.Dir, "kubeconfig-scheduler"),
+		"--bind-address=127.0.0.1", "--secure-port="+strconv.Itoa(schedPort),
+		"--leader-elect=false", "--v=1"); err != nil {
+		return err
+	}
+	kconf := filepath.Join(c.cfg.Dir, "kubelet-config.yaml")
+	if err := os.WriteFile(kconf, []byte(c.kubeletConfig()), 0o644); err != nil {
+		return err
+	}
+	if c.kubelet, err = c.start("kubelet", []string{path},
+		"--config="+kconf,
+		"--kubeconfig="+filepath.Join(c.cfg.Dir, "kubeconfig-kubelet"),
+		"--root-dir="+c.KubeletDir,
+		"--hostname-override="+c.NodeName,
+		"--v=2"); err != nil {
+		return err
+	}
+	if err := c.poll("node Ready without the not-ready taint", 3*time.Minute, func() error {
+		n, err := c.Client.CoreV1().Nodes().Get(ctx, c.NodeName, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		for _, t := range n.Spec.Taints {
+			if t.Key == corev1.TaintNodeNotReady {
+				return fmt.Errorf("taint %s", t.Key)
+			}
+		}
+		for _, cond := range n.Status.Conditions {
+			if cond.Type == corev1.NodeReady && cond.Status == corev1.ConditionTrue {
+				return nil
+			}
+		}
+		return errNotReady
+	}); err != nil {
+		return err
+	}
+	c.say("cluster: controller-manager, scheduler, kubelet up, node Ready in %s", since(step))
+	return nil
+}
+
+// writePKI makes the CA, the serving and client certificates, and the
+// ServiceAccount signing key.
+func (c *Cluster) writePKI() error {
+	ca, err := newCA(c.pki)
+	if err != nil {
+		return err
+	}
+	if err := writeKey(filepath.Join(c.pki, "ca.key"), ca.key); err != nil {
+		return err
+	}
+	for _, i := range []struct {
+		name, cn string
+		orgs     []string
+		serving  bool
+	}{
+		{"apiserver", "kube-apiserver", nil, true},
+		{"apiserver-kubelet-client", "kube-apiserver-kubelet-client", []string{"system:masters"}, false},
+		{"admin", "loopvol-admin", []string{"system:masters"}, false},
+		{"controller-manager", "system:kube-controller-manager", nil, false},
+		{"scheduler", "system:kube-scheduler", nil, false},
+		{"kubelet", "system:node:" + c.NodeName, []string{"system:nodes"}, false},
+		{"kubelet-serving", "system:node:" + c.NodeName, []string{"system:nodes"}, true},
+	} {
+		if err := ca.issue(c.pki, i.name, i.cn, i.orgs, i.serving); err != nil {
+			return err
+		}
+	}
+	return serviceAccountKey(c.pki)
+}
+
+// ctr runs ctr against our containerd in the k8s.io namespace.
+func (c *Cluster) ctr(args ...string) (string, error) {
+	cmd := exec.Command(filepath.Join(c.cfg.BinDir, "ctr"), append([]string{"--address", c.ContainerdSocket, "--namespace", "k8s.io"}, args...)...)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return string(out), fmt.Errorf("ctr %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
+	}
+	return string(out), nil
+}
+
+// Kubectl runs kubectl with the admin kubeconfig and returns its output.
+func (c *Cluster) Kubectl(ctx context.Context, args ...string) (string, error) {
+	cmd := exec.CommandContext(ctx, filepath.Join(c.cfg.BinDir, "kubectl"), append([]string{"--kubeconfig", c.Kubeconfig}, args...)...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("kubectl %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+	}
+	return string(out), nil
+}
+
+// KubectlPath is the kubectl binary.
+func (c *Cluster) KubectlPath() string { return filepath.Join(c.cfg.BinDir, "kubectl") }
+
+// mkdirOutside makes dir (outside Dir) and remembers it for Down when it
+// did not exist (its parents too).
+func (c *Cluster) mkdirOutside(dir string) error {
+	var missing []string
+	for d := dir; d != "/" && d != "."; d = filepath.Dir(d) {
+		if _, err := os.Stat(d); err == nil {
+			break
+		}
+		missing = append(missing, d)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	// Deepest first, so Down removes children before parents.
+	c.created = append(c.created, missing...)
+	return nil
+}
+
+func freePorts(n int) ([]int, error) {
+	var ls []net.Listener
+	defer func() {
+		for _, l := range ls {
+			l.Close()
+		}
+	}()
+	var ports []int
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		ls = append(ls, l)
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	return ports, nil
+}
+
+func httpOK(client *http.Client, url string) error {
+	resp, err := client.Get(url)
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s: %s", url, resp.Status)
+	}
+	return nil
+}

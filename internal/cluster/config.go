@@ -1,0 +1,118 @@
+package cluster
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+)
+
+// Binaries the cluster runs, looked up in Config.BinDir.
+var Binaries = []string{
+	"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kubectl",
+	"containerd", "containerd-shim-runc-v2", "ctr", "runc",
+}
+
+// DefaultAPIPort is the apiserver's port that deploy/kubernetes/overlays/local
+// expects (KUBERNETES_SERVICE_PORT).
+const DefaultAPIPort = 6443
+
+// DefaultSandboxImage is the pause image hack/images builds (-tools).
+const DefaultSandboxImage = "localhost/loopvol/pause:3.10"
+
+// Config says where the cluster's binaries, images and state are.
+type Config struct {
+	// Dir holds all of the cluster's state: certificates, configuration,
+	// data, kubelet's root directory, containerd's root and state, logs.
+	// Created if missing; it must not hold a running cluster.
+	Dir string
+	// BinDir holds the Binaries (hack/tools/build.sh cluster).
+	BinDir string
+	// Images are OCI archives imported into containerd (ctr images import).
+	Images []string
+	// SandboxImage is containerd's sandbox (pause) image; it must be one of Images.
+	SandboxImage string
+	// NodeName is the Node's name (default: the host name, lowercased).
+	NodeName string
+	// APIPort is the apiserver's secure port on 127.0.0.1 (default 6443).
+	APIPort int
+	// CNIBinDir holds the CNI plugins (the loopback plugin; default
+	// /usr/lib/cni, Debian's containernetworking-plugins).
+	CNIBinDir string
+	// Out receives one line per step (nil: discarded).
+	Out io.Writer
+}
+
+// Validate checks the configuration and fills in the defaults.
+func (c *Config) Validate() error {
+	var errs []error
+	if c.Dir == "" {
+		errs = append(errs, errors.New("Dir is required"))
+	} else if !filepath.IsAbs(c.Dir) {
+		abs, err := filepath.Abs(c.Dir)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		c.Dir = abs
+	}
+	if c.BinDir == "" {
+		errs = append(errs, errors.New("BinDir is required"))
+	} else {
+		for _, b := range Binaries {
+			if _, err := os.Stat(filepath.Join(c.BinDir, b)); err != nil {
+				errs = append(errs, fmt.Errorf("binary %s (make cluster-tools builds it): %w", b, err))
+			}
+		}
+	}
+	for _, i := range c.Images {
+		if _, err := os.Stat(i); err != nil {
+			errs = append(errs, fmt.Errorf("image archive (make images cluster-images builds it): %w", err))
+		}
+	}
+	if c.SandboxImage == "" {
+		c.SandboxImage = DefaultSandboxImage
+	}
+	if c.NodeName == "" {
+		h, err := os.Hostname()
+		if err != nil {
+			errs = append(errs, fmt.Errorf("NodeName: %w", err))
+		}
+		c.NodeName = lowerDNS(h)
+	}
+	if c.APIPort == 0 {
+		c.APIPort = DefaultAPIPort
+	}
+	if c.APIPort < 1 || c.APIPort > 65535 {
+		errs = append(errs, fmt.Errorf("APIPort %d out of range", c.APIPort))
+	}
+	if c.CNIBinDir == "" {
+		c.CNIBinDir = "/usr/lib/cni"
+	}
+	if _, err := os.Stat(filepath.Join(c.CNIBinDir, "loopback")); err != nil {
+		errs = append(errs, fmt.Errorf("CNI loopback plugin (Debian: containernetworking-plugins): %w", err))
+	}
+	if c.Out == nil {
+		c.Out = io.Discard
+	}
+	return errors.Join(errs...)
+}
+
+// lowerDNS makes a host name a valid Node name.
+func lowerDNS(s string) string {
+	out := make([]byte, 0, len(s))
+	for _, r := range []byte(s) {
+		switch {
+		case r >= 'A' && r <= 'Z':
+			out = append(out, r+'a'-'A')
+		case r >= 'a' && r <= 'z', r >= '0' && r <= '9', r == '-', r == '.':
+			out = append(out, r)
+		default:
+			out = append(out, '-')
+		}
+	}
+	if len(out) == 0 {
+		return "node"
+	}
+	return string(out)
+}

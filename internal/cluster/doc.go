@@ -1,0 +1,18 @@
+// Package cluster brings up a real one-node Kubernetes cluster on this
+// machine, on loopback only, with every piece of state under one directory:
+// etcd, kube-apiserver (RBAC and Node authorization, NodeRestriction,
+// ServiceAccount token signing), kube-controller-manager (its attach/detach
+// controller makes the VolumeAttachments), kube-scheduler, containerd with
+// runc and a loopback-only CNI configuration, and kubelet. The binaries are
+// those hack/tools/build.sh builds into bin/ (`make cluster-tools`); the
+// images are OCI archives (`make images cluster-images`) imported into
+// containerd's k8s.io namespace.
+//
+// Up starts it and waits until the node is Ready; Deploy applies a
+// kustomize overlay with `kubectl apply --server-side -k`; Down stops it and
+// leaves no process, mount, loop device, kubepods cgroup or containerd shim
+// behind. docs/cluster.md tells more, with the settings this kind of
+// machine needs (cgroup v1, no CAP_SYS_RESOURCE, no pod network).
+//
+// It is used by `make demo` (hack/demo) and by the tests in test/cluster.
+package cluster

@@ -1,0 +1,335 @@
+package cluster
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// Down stops the cluster and removes its state but the logs: pods are
+// deleted first (so kubelet unpublishes and unstages their volumes through
+// the node plugin), then kubelet, the containers and their shims, the
+// controllers, containerd, the apiserver and etcd; then what is left of
+// the mounts under Dir, the loop devices of files under Dir, the kubepods
+// cgroups, and the directories outside Dir that Up made. It returns what it
+// could not clean up.
+func (c *Cluster) Down(ctx context.Context) error {
+	start := time.Now()
+	var errs []error
+	if c.Client != nil && c.kubelet != nil && c.kubelet.exited() == nil {
+		if err := c.deletePods(ctx, 90*time.Second); err != nil {
+			c.say("cluster: teardown: %v (going on)", err)
+		}
+	}
+	if c.kubelet != nil {
+		c.kubelet.stop(20 * time.Second)
+	}
+	if c.containerd != nil && c.containerd.exited() == nil {
+		if err := c.killTasks(); err != nil {
+			c.say("cluster: teardown: %v (going on)", err)
+		}
+	}
+	// Everything but the apiserver and etcd, newest first.
+	for i := len(c.procs) - 1; i >= 0; i-- {
+		if p := c.procs[i]; p.name != "kube-apiserver" && p.name != "etcd" {
+			p.stop(10 * time.Second)
+		}
+	}
+	if c.ContainerdSocket != "" {
+		if err := killPIDs(pidsWithArg(c.ContainerdSocket), 10*time.Second); err != nil {
+			errs = append(errs, fmt.Errorf("containerd shims: %w", err))
+		}
+	}
+	if err := killCgroups(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := c.unmountAll(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := c.detachLoops(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := removeCgroups(); err != nil {
+		errs = append(errs, err)
+	}
+	for i := len(c.procs) - 1; i >= 0; i-- {
+		c.procs[i].stop(10 * time.Second)
+	}
+	c.procs = nil
+	for _, d := range []string{"etcd", "kubelet", "containerd", "cni", "pod-logs", "pools", "pki"} {
+		if err := c.removeTree(filepath.Join(c.cfg.Dir, d)); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	for _, d := range c.created {
+		if err := c.removeTree(d); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	c.created = nil
+	err := errors.Join(errs...)
+	if err != nil {
+		c.say("cluster: down in %s, left behind: %v", since(start), err)
+	} else {
+		c.say("cluster: down in %s, nothing left behind (logs kept in %s)", since(start), c.LogDir)
+	}
+	return err
+}
+
+// deletePods deletes every pod but loopvol's own (whose node plugin must
+// still unstage the others' volumes) and waits until they are gone, then
+// loopvol's.
+func (c *Cluster) deletePods(ctx context.Context, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	gone := func(keep func(ns string) bool) error {
+		nss, err := c.Client.CoreV1().Namespaces().List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return err
+		}
+		for _, ns := range nss.Items {
+			if !keep(ns.Name) {
+				if err := c.Client.CoreV1().Pods(ns.Name).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
+					return err
+				}
+			}
+		}
+		for {
+			pods, err := c.Client.CoreV1().Pods("").List(ctx, metav1.ListOptions{})
+			if err != nil {
+				return err
+			}
+			left := 0
+			for _, p := range pods.Items {
+				if !keep(p.Namespace) {
+					left++
+				}
+			}
+			if left == 0 {
+				return nil
+			}
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("%d pods not gone: %w", left, ctx.Err())
+			case <-time.After(200 * time.Millisecond):
+			}
+		}
+	}
+	if err := gone(func(ns string) bool { return ns == "loopvol" }); err != nil {
+		return fmt.Errorf("deleting the pods: %w", err)
+	}
+	// The node plugin's DaemonSet would bring its pod back: delete the
+	// workloads, not just the pods.
+	_, _ = c.Kubectl(ctx, "delete", "--ignore-not-found", "--wait=false", "-n", "loopvol", "daemonset,statefulset", "--all")
+	if err := gone(func(string) bool { return false }); err != nil {
+		return fmt.Errorf("deleting loopvol's pods: %w", err)
+	}
+	return nil
+}
+
+// killTasks kills and removes every container task and container of
+// containerd's k8s.io namespace.
+func (c *Cluster) killTasks() error {
+	out, err := c.ctr("tasks", "ls", "-q")
+	if err != nil {
+		return err
+	}
+	ids := strings.Fields(out)
+	for _, id := range ids {
+		_, _ = c.ctr("tasks", "kill", "-a", "-s", "SIGKILL", id)
+	}
+	var errs []error
+	for _, id := range ids {
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			if _, err := c.ctr("tasks", "rm", "-f", id); err == nil || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	out, err = c.ctr("containers", "ls", "-q")
+	if err != nil {
+		return err
+	}
+	for _, id := range strings.Fields(out) {
+		if _, err := c.ctr("containers", "rm", id); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// kubepodsCgroups lists kubelet's cgroups (kubepods and below, every
+// hierarchy, cgroup v1 or v2), deepest first.
+func kubepodsCgroups() []string {
+	var dirs []string
+	roots, _ := filepath.Glob("/sys/fs/cgroup/*/kubepods")
+	if _, err := os.Stat("/sys/fs/cgroup/kubepods"); err == nil {
+		roots = append(roots, "/sys/fs/cgroup/kubepods")
+	}
+	for _, r := range roots {
+		_ = filepath.WalkDir(r, func(p string, d os.DirEntry, err error) error {
+			if err == nil && d.IsDir() {
+				dirs = append(dirs, p)
+			}
+			return nil
+		})
+	}
+	sort.Slice(dirs, func(i, j int) bool { return strings.Count(dirs[i], "/") > strings.Count(dirs[j], "/") })
+	return dirs
+}
+
+// killCgroups kills every process left in kubelet's cgroups: the
+// containers of pods, which only this cluster's kubelet made.
+func killCgroups() error {
+	var pids []int
+	seen := map[int]bool{}
+	for _, d := range kubepodsCgroups() {
+		b, err := os.ReadFile(filepath.Join(d, "cgroup.procs"))
+		if err != nil {
+			continue
+		}
+		for _, f := range strings.Fields(string(b)) {
+			if pid, err := strconv.Atoi(f); err == nil && !seen[pid] {
+				seen[pid] = true
+				pids = append(pids, pid)
+			}
+		}
+	}
+	if err := killPIDs(pids, 10*time.Second); err != nil {
+		return fmt.Errorf("processes in kubepods cgroups: %w", err)
+	}
+	return nil
+}
+
+func removeCgroups() error {
+	var errs []error
+	for _, d := range kubepodsCgroups() {
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			err := syscall.Rmdir(d)
+			if err == nil || errors.Is(err, syscall.ENOENT) {
+				break
+			}
+			if time.Now().After(deadline) {
+				errs = append(errs, fmt.Errorf("cgroup %s: %w", d, err))
+				break
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// mountsUnder lists the mount points at or below dir, deepest first.
+func mountsUnder(dir string) ([]string, error) {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var out []string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 5 {
+			continue
+		}
+		mp := unescapeMount(fields[4])
+		if mp == dir || strings.HasPrefix(mp, dir+"/") {
+			out = append(out, mp)
+		}
+	}
+	sort.SliceStable(out, func(i, j int) bool { return len(out[i]) > len(out[j]) })
+	return out, sc.Err()
+}
+
+// unescapeMount undoes mountinfo's octal escapes (\040 for a space).
+func unescapeMount(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// unmountAll unmounts everything under Dir (kubelet mounts its root dir
+// onto itself, pods' volumes, containerd's rootfs and shm mounts).
+func (c *Cluster) unmountAll() error {
+	for round := 0; round < 5; round++ {
+		mps, err := mountsUnder(c.cfg.Dir)
+		if err != nil {
+			return err
+		}
+		if len(mps) == 0 {
+			return nil
+		}
+		for _, mp := range mps {
+			if err := syscall.Unmount(mp, 0); err != nil {
+				_ = syscall.Unmount(mp, syscall.MNT_DETACH)
+			}
+		}
+	}
+	mps, err := mountsUnder(c.cfg.Dir)
+	if err == nil && len(mps) > 0 {
+		err = fmt.Errorf("still mounted: %s", strings.Join(mps, " "))
+	}
+	return err
+}
+
+// detachLoops detaches the loop devices whose backing files lie under Dir
+// (volumes the node plugin staged and never unstaged).
+func (c *Cluster) detachLoops() error {
+	files, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
+	var errs []error
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		back := strings.TrimSuffix(strings.TrimSpace(string(b)), " (deleted)")
+		if back != c.cfg.Dir && !strings.HasPrefix(back, c.cfg.Dir+"/") {
+			continue
+		}
+		dev := "/dev/" + filepath.Base(filepath.Dir(filepath.Dir(f)))
+		if out, err := exec.Command("losetup", "-d", dev).CombinedOutput(); err != nil {
+			errs = append(errs, fmt.Errorf("losetup -d %s (%s): %w: %s", dev, back, err, strings.TrimSpace(string(out))))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// removeTree removes dir unless something is still mounted below it
+// (RemoveAll would descend into the mounted file system).
+func (c *Cluster) removeTree(dir string) error {
+	mps, err := mountsUnder(dir)
+	if err != nil {
+		return err
+	}
+	if len(mps) > 0 {
+		return fmt.Errorf("not removing %s: still mounted: %s", dir, strings.Join(mps, " "))
+	}
+	return os.RemoveAll(dir)
+}

@@ -1,0 +1,118 @@
+package cluster
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// kubeconfig writes a kubeconfig for the client certificate <pki>/<name>.
+func (c *Cluster) kubeconfig(name string) (string, error) {
+	path := filepath.Join(c.cfg.Dir, "kubeconfig-"+name)
+	data := fmt.Sprintf(`apiVersion: v1
+kind: Config
+clusters:
+  - name: loopvol
+    cluster:
+      server: %s
+      certificate-authority: %s
+users:
+  - name: %s
+    user:
+      client-certificate: %s
+      client-key: %s
+contexts:
+  - name: loopvol
+    context: {cluster: loopvol, user: %s}
+current-context: loopvol
+`, c.Server, filepath.Join(c.pki, "ca.crt"), name, filepath.Join(c.pki, name+".crt"), filepath.Join(c.pki, name+".key"), name)
+	return path, os.WriteFile(path, []byte(data), 0o600)
+}
+
+// containerdConfig is containerd 2's configuration: everything under Dir,
+// the CRI plugin with runc (cgroupfs), the local sandbox image, no
+// oom_score_adj below containerd's own (root lacks CAP_SYS_RESOURCE here)
+// and the loopback-only CNI configuration.
+func (c *Cluster) containerdConfig() string {
+	q := func(s string) string { return fmt.Sprintf("%q", s) }
+	return strings.Join([]string{
+		`version = 3`,
+		`root = ` + q(filepath.Join(c.containerdDir, "root")),
+		`state = ` + q(filepath.Join(c.containerdDir, "state")),
+		`[grpc]`,
+		`  address = ` + q(c.ContainerdSocket),
+		`[ttrpc]`,
+		`  address = ` + q(c.ContainerdSocket+".ttrpc"),
+		`[debug]`,
+		`  address = ""`,
+		`[metrics]`,
+		`  address = ""`,
+		`[plugins."io.containerd.cri.v1.runtime"]`,
+		`  restrict_oom_score_adj = true`,
+		`  enable_selinux = false`,
+		`  [plugins."io.containerd.cri.v1.runtime".containerd]`,
+		`    default_runtime_name = "runc"`,
+		`    [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]`,
+		`      runtime_type = "io.containerd.runc.v2"`,
+		`      [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]`,
+		`        BinaryName = ` + q(filepath.Join(c.cfg.BinDir, "runc")),
+		`        SystemdCgroup = false`,
+		`  [plugins."io.containerd.cri.v1.runtime".cni]`,
+		`    bin_dirs = [` + q(c.cfg.CNIBinDir) + `]`,
+		`    conf_dir = ` + q(filepath.Join(c.cfg.Dir, "cni")),
+		`[plugins."io.containerd.cri.v1.images"]`,
+		`  snapshotter = "overlayfs"`,
+		`  [plugins."io.containerd.cri.v1.images".pinned_images]`,
+		`    sandbox = ` + q(c.cfg.SandboxImage),
+		`[plugins."io.containerd.grpc.v1.cri"]`,
+		`  disable_tcp_service = true`,
+		`  stream_server_address = "127.0.0.1"`,
+		`  stream_server_port = "0"`,
+		``,
+	}, "\n")
+}
+
+// cniConfig is the only network configuration: loopback, so that the
+// runtime reports NetworkReady; pods use the host's network.
+const cniConfig = `{"cniVersion": "1.0.0", "name": "loopback-only", "plugins": [{"type": "loopback"}]}
+`
+
+// kubeletConfig is kubelet's KubeletConfiguration.
+func (c *Cluster) kubeletConfig() string {
+	return fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+# This kind of machine has cgroup v1, which kubelet 1.37 refuses by default.
+failCgroupV1: false
+cgroupDriver: cgroupfs
+containerRuntimeEndpoint: unix://%s
+address: 127.0.0.1
+port: %d
+healthzBindAddress: 127.0.0.1
+healthzPort: %d
+readOnlyPort: 0
+tlsCertFile: %s
+tlsPrivateKeyFile: %s
+authentication:
+  anonymous: {enabled: false}
+  webhook: {enabled: true}
+  x509: {clientCAFile: %s}
+authorization:
+  mode: Webhook
+podLogsDir: %s
+failSwapOn: false
+serializeImagePulls: false
+# Images are imported, never pulled: keep them.
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+evictionHard:
+  memory.available: 1Mi
+  nodefs.available: 1%%
+  imagefs.available: 1%%
+  nodefs.inodesFree: 1%%
+registerNode: true
+maxPods: 110
+`, c.ContainerdSocket, c.kubeletPort, c.kubeletHealthzPort,
+		filepath.Join(c.pki, "kubelet-serving.crt"), filepath.Join(c.pki, "kubelet-serving.key"),
+		filepath.Join(c.pki, "ca.crt"), filepath.Join(c.cfg.Dir, "pod-logs"))
+}
