@@ -43,8 +43,8 @@ type optionSpec struct {
 	flag  uintptr
 	attr  uint64
 	clear bool
-	// value, when set, is the pattern the value after "=" must match; an
-	// option without it takes no value.
+	// value is the pattern the value after "=" must match, for an option
+	// listed as "name=" (and only for those).
 	value *regexp.Regexp
 	// fs lists the filesystems the option exists on; nil is every one.
 	fs []string
@@ -96,10 +96,10 @@ var allowedOptions = map[string]optionSpec{
 	"dirsync":          {kind: perFS, flag: unix.MS_DIRSYNC, why: "directory changes are synchronous"},
 	"lazytime":         {kind: perFS, flag: unix.MS_LAZYTIME, why: "timestamps are kept in memory and written lazily: fewer writes"},
 	"nolazytime":       {kind: perFS, flag: unix.MS_LAZYTIME, clear: true, why: "the default, undoing lazytime"},
-	"context":          {kind: fsData, value: seLinuxLabel, why: "SELinux label of every file (kubelet's seLinuxMount; the value may be quoted, with commas inside the quotes)"},
-	"fscontext":        {kind: fsData, value: seLinuxLabel, why: "SELinux label of the filesystem itself"},
-	"defcontext":       {kind: fsData, value: seLinuxLabel, why: "SELinux label of unlabelled files"},
-	"rootcontext":      {kind: fsData, value: seLinuxLabel, why: "SELinux label of the root directory"},
+	"context=":         {kind: fsData, value: seLinuxLabel, why: "SELinux label of every file (kubelet's seLinuxMount; the value may be quoted, with commas inside the quotes)"},
+	"fscontext=":       {kind: fsData, value: seLinuxLabel, why: "SELinux label of the filesystem itself"},
+	"defcontext=":      {kind: fsData, value: seLinuxLabel, why: "SELinux label of unlabelled files"},
+	"rootcontext=":     {kind: fsData, value: seLinuxLabel, why: "SELinux label of the root directory"},
 	"nodiscard":        {kind: fsData, why: "the default: no discard, which would punch holes into the image"},
 	"barrier":          {kind: fsData, fs: ext4Only, why: "write barriers (the default): the journal stays consistent across a node crash"},
 	"nobarrier":        {kind: fsData, fs: ext4Only, why: "no write barriers, for pools whose storage has a battery-backed cache"},
@@ -170,26 +170,21 @@ func parseMountFlags(flags []string) (mountOptions, error) {
 			return nil, kindf(errInvalid, "volume_capability.mount.mount_flags: %q is not a single mount option", f)
 		}
 		name, value, hasValue := strings.Cut(f, "=")
-		key := name
+		// An option that takes a value is listed as "name=".
+		key, other := name, name+"="
 		if hasValue {
-			key = name + "="
+			key, other = other, key
 		}
 		spec, ok := allowedOptions[key]
-		if !ok && hasValue {
-			// context="…" and friends: the name takes a value but is listed
-			// without the "=".
-			if s, found := allowedOptions[name]; found && s.value != nil {
-				spec, ok = s, true
-			}
-		}
+		_, otherForm := allowedOptions[other]
 		switch {
+		case !ok && otherForm && hasValue:
+			return nil, kindf(errInvalid, "volume_capability.mount.mount_flags: %q: %s takes no value", f, name)
+		case !ok && otherForm:
+			return nil, kindf(errInvalid, "volume_capability.mount.mount_flags: %q needs a value", f)
 		case !ok:
 			return nil, kindf(errInvalid, "volume_capability.mount.mount_flags: %q is not an accepted mount option (see docs/mount-options.md)", f)
-		case spec.value == nil && hasValue:
-			return nil, kindf(errInvalid, "volume_capability.mount.mount_flags: %q: %s takes no value", f, name)
-		case spec.value != nil && !hasValue:
-			return nil, kindf(errInvalid, "volume_capability.mount.mount_flags: %q needs a value", f)
-		case spec.value != nil && !spec.value.MatchString(value):
+		case hasValue && !spec.value.MatchString(value):
 			return nil, kindf(errInvalid, "volume_capability.mount.mount_flags: %q: the value %q is not accepted for %s", f, value, name)
 		}
 		out = append(out, mountOption{raw: f, name: key, spec: spec})
