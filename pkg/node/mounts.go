@@ -111,16 +111,17 @@ func (sysMounts) at(r *resolved) (mountEntry, bool, error) {
 	if err := unix.Statx(r.fd, "", unix.AT_EMPTY_PATH|unix.AT_STATX_DONT_SYNC, unix.STATX_MNT_ID|unix.STATX_TYPE, &stx); err != nil {
 		return mountEntry{}, false, fmt.Errorf("statx %s: %w", r.path, err)
 	}
+	byID := stx.Mask&unix.STATX_MNT_ID != 0 && stx.Attributes_mask&unix.STATX_ATTR_MOUNT_ROOT != 0
+	if byID && stx.Attributes&unix.STATX_ATTR_MOUNT_ROOT == 0 {
+		return mountEntry{}, false, nil // no mount point: no need to read the table
+	}
 	mis, err := mount.ParseMountInfo(mountInfoPath)
 	if err != nil {
 		return mountEntry{}, false, fmt.Errorf("read the mount table: %w", err)
 	}
 	var e mountEntry
 	found := false
-	if stx.Mask&unix.STATX_MNT_ID != 0 && stx.Attributes_mask&unix.STATX_ATTR_MOUNT_ROOT != 0 {
-		if stx.Attributes&unix.STATX_ATTR_MOUNT_ROOT == 0 {
-			return mountEntry{}, false, nil
-		}
+	if byID {
 		for _, mi := range mis {
 			if uint64(mi.ID) == stx.Mnt_id {
 				e, found = entryOf(mi), true
