@@ -117,3 +117,7 @@ cluster-images: static cluster-tools ##@ make images plus the csi-provisioner an
 	$(GO) -C hack/images build -o $(BIN)/images .
 	$(BIN)/images -bin $(STATIC) -tools $(BIN) -out $(IMAGES_OUT) -cache $(IMAGES_CACHE) -repo $(IMAGE_REPO) \
 		-tag $(IMAGE_TAG) -tag dev -created $(IMAGES_CREATED)
+
+test-cluster: cluster-images ##@ Tests on a real one-node cluster with loopvol deployed by kustomize (root; docs/cluster.md).
+	@echo "### test-cluster"
+	$(GO) test -count=1 -timeout 30m -v ./test/cluster/ 2>&1 | tee $(BIN)/cluster.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok)|cluster_test.go|cluster: (up|down)' ; exit $${PIPESTATUS[0]}

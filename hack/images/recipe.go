@@ -113,7 +113,8 @@ type toolRecipe struct {
 	tag string
 }
 
-// toolRecipes are built when -tools names the directory of their binaries.
+// toolRecipes are built when -tools names the directory of their binaries
+// (the busybox image has none, but is the cluster's too).
 var toolRecipes = []toolRecipe{
 	{
 		// The upstream provisioner of the controller pod
@@ -141,5 +142,18 @@ var toolRecipes = []toolRecipe{
 			entrypoint: []string{"/pause"},
 		},
 		tag: "3.10",
+	},
+	{
+		// The tests' and the demo's workload (test/cluster, hack/demo): one
+		// static busybox from Debian (sh, sha256sum, dd, sleep, ...), run
+		// as /bin/busybox <applet>.
+		recipe: recipe{
+			name:       "busybox",
+			from:       "debian:bookworm-slim",
+			packages:   []string{"busybox-static"},
+			entrypoint: []string{"/bin/busybox"},
+			base:       base{env: []string{debianPath}},
+		},
+		tag: "bookworm",
 	},
 }

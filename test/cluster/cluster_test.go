@@ -1,0 +1,215 @@
+package cluster
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/loopvol/loopvol/internal/cluster"
+	"github.com/loopvol/loopvol/internal/testenv"
+)
+
+// images are the OCI archives `make images cluster-images` writes.
+var images = []string{"loopvol-node", "loopvol-controller", "csi-provisioner", "pause", "busybox"}
+
+// up brings a cluster up under a temporary directory, deploys loopvol on
+// it, and tears it all down when the test ends.
+func up(t *testing.T) *cluster.Cluster {
+	t.Helper()
+	testenv.RequireRoot(t)
+	testenv.RequireLoopDevices(t)
+	root, err := testenv.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin, err := testenv.BinDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var archives []string
+	for _, i := range images {
+		archives = append(archives, filepath.Join(root, "_output", "images", i+".tar"))
+	}
+	// Not t.TempDir: its removal would come after ours and find nothing
+	// to do, but a failed teardown must not make it descend into mounts.
+	dir, err := os.MkdirTemp("", "loopvol-cluster-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	c, err := cluster.Up(ctx, cluster.Config{Dir: dir, BinDir: bin, Images: archives, Out: testWriter{t}})
+	if err != nil {
+		t.Fatalf("cluster up (`make test-cluster` builds the binaries and images): %v", err)
+	}
+	t.Cleanup(func() {
+		if err := c.Down(context.Background()); err != nil {
+			t.Errorf("teardown left something behind: %v (state in %s)", err, dir)
+			return
+		}
+		if t.Failed() {
+			t.Logf("logs kept in %s", c.LogDir)
+			return
+		}
+		os.RemoveAll(dir)
+	})
+	overlay, err := c.Overlay(filepath.Join(root, "deploy", "kubernetes", "overlays", "local"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Deploy(ctx, overlay); err != nil {
+		t.Fatalf("deploy: %v", err)
+	}
+	return c
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+// TestCluster runs the scenarios on one cluster, one after another.
+func TestCluster(t *testing.T) {
+	c := up(t)
+	t.Run("VolumeLifecycle", func(t *testing.T) { testVolumeLifecycle(t, c) })
+}
+
+// testVolumeLifecycle: PVC → Pod Running → data written; the Pod deleted
+// and another reading the data back; the PVC deleted → detached, the image
+// gone from the pool, no object left behind with a finalizer.
+func testVolumeLifecycle(t *testing.T, c *cluster.Cluster) {
+	ctx := context.Background()
+	ns := namespace(t, c, "lifecycle")
+	core := c.Client.CoreV1()
+
+	start := time.Now()
+	if _, err := core.PersistentVolumeClaims(ns).Create(ctx, cluster.Claim(ns, "data", "loopvol", "64Mi"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	writer := cluster.VolumePod(ns, "writer", "data",
+		"busybox dd if=/dev/urandom of=/data/file bs=1M count=8 && busybox sha256sum /data/file > /data/file.sha256 && busybox sync && "+
+			"echo written && busybox sleep 1000000 & wait")
+	if _, err := core.Pods(ns).Create(ctx, writer, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pod, err := c.PodPhase(ctx, ns, "writer", corev1.PodRunning, 3*time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("PVC created → Pod Running in %s", time.Since(start).Round(time.Millisecond))
+	if err := c.Wait(ctx, "the writer's data written", time.Minute, func(context.Context) (bool, error) {
+		log, _ := c.ContainerLog(pod, "main")
+		return strings.Contains(log, "written"), nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+
+	pvc, err := core.PersistentVolumeClaims(ns).Get(ctx, "data", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pv, err := core.PersistentVolumes().Get(ctx, pvc.Spec.VolumeName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	handle := pv.Spec.CSI.VolumeHandle
+	_, hash, _ := strings.Cut(handle, ".")
+	image := filepath.Join(c.PoolDir(), "volumes", hash+".img")
+	if _, err := os.Stat(image); err != nil {
+		t.Fatalf("volume %s: no image in the pool: %v", handle, err)
+	}
+	vaName := attachment(ctx, t, c, pv.Name)
+	t.Logf("volume %s, VolumeAttachment %s attached", handle, vaName)
+
+	deletePod(ctx, t, c, ns, "writer")
+	reader := cluster.VolumePod(ns, "reader", "data", "cd /data && busybox sha256sum -c file.sha256")
+	if _, err := core.Pods(ns).Create(ctx, reader, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pod, err = c.PodPhase(ctx, ns, "reader", corev1.PodSucceeded, 3*time.Minute)
+	if err != nil {
+		t.Fatalf("the data did not survive the pod: %v", err)
+	}
+	log, err := c.ContainerLog(pod, "main")
+	if err != nil || !strings.Contains(log, "file: OK") {
+		t.Fatalf("reader: %q, %v", log, err)
+	}
+	deletePod(ctx, t, c, ns, "reader")
+
+	if err := core.PersistentVolumeClaims(ns).Delete(ctx, "data", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Wait(ctx, "VolumeAttachment, PV and PVC gone", 2*time.Minute, func(ctx context.Context) (bool, error) {
+		for _, get := range []func() error{
+			func() error {
+				_, err := c.Client.StorageV1().VolumeAttachments().Get(ctx, vaName, metav1.GetOptions{})
+				return err
+			},
+			func() error { _, err := core.PersistentVolumes().Get(ctx, pv.Name, metav1.GetOptions{}); return err },
+			func() error { _, err := core.PersistentVolumeClaims(ns).Get(ctx, "data", metav1.GetOptions{}); return err },
+		} {
+			if err := get(); !apierrors.IsNotFound(err) {
+				return false, nil
+			}
+		}
+		return true, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(image); !os.IsNotExist(err) {
+		t.Fatalf("image %s still in the pool (%v)", image, err)
+	}
+}
+
+// attachment waits until the VolumeAttachment of pv is attached and
+// returns its name.
+func attachment(ctx context.Context, t *testing.T, c *cluster.Cluster, pv string) string {
+	t.Helper()
+	var name string
+	if err := c.Wait(ctx, "VolumeAttachment of "+pv+" attached", time.Minute, func(ctx context.Context) (bool, error) {
+		vas, err := c.Client.StorageV1().VolumeAttachments().List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, err
+		}
+		for _, va := range vas.Items {
+			if va.Spec.Source.PersistentVolumeName != nil && *va.Spec.Source.PersistentVolumeName == pv && va.Status.Attached {
+				name = va.Name
+				return true, nil
+			}
+		}
+		return false, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return name
+}
+
+func deletePod(ctx context.Context, t *testing.T, c *cluster.Cluster, ns, name string) {
+	t.Helper()
+	if err := c.Client.CoreV1().Pods(ns).Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Wait(ctx, "pod "+ns+"/"+name+" gone", 2*time.Minute, func(ctx context.Context) (bool, error) {
+		_, err := c.Client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+		return apierrors.IsNotFound(err), nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func namespace(t *testing.T, c *cluster.Cluster, name string) string {
+	t.Helper()
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}
+	if _, err := c.Client.CoreV1().Namespaces().Create(context.Background(), ns, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	return name
+}
