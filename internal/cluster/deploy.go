@@ -175,4 +175,3 @@ func indent(s string) string {
 	}
 	return strings.Join(lines, "\n")
 }
-

@@ -50,7 +50,7 @@ func VolumePod(namespace, name, claim, script string) *corev1.Pod {
 				VolumeMounts:    []corev1.VolumeMount{{Name: "data", MountPath: "/data"}},
 			}},
 			Volumes: []corev1.Volume{{
-				Name: "data",
+				Name:         "data",
 				VolumeSource: corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: claim}},
 			}},
 		},

@@ -154,7 +154,10 @@ func testVolumeLifecycle(t *testing.T, c *cluster.Cluster) {
 				return err
 			},
 			func() error { _, err := core.PersistentVolumes().Get(ctx, pv.Name, metav1.GetOptions{}); return err },
-			func() error { _, err := core.PersistentVolumeClaims(ns).Get(ctx, "data", metav1.GetOptions{}); return err },
+			func() error {
+				_, err := core.PersistentVolumeClaims(ns).Get(ctx, "data", metav1.GetOptions{})
+				return err
+			},
 		} {
 			if err := get(); !apierrors.IsNotFound(err) {
 				return false, nil
