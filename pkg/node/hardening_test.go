@@ -324,11 +324,13 @@ func FuzzMountFlags(f *testing.F) {
 // may collide with symbolic links placed inside it (one to outside, one to
 // a sibling), resolves to something whose real location is below the
 // kubelet directory, at its canonical path, or is refused; nothing is ever
-// created outside. The seeds run with the normal tests.
+// created outside; with openat2 and with the walk that replaces it. The
+// seeds run with the normal tests.
 func FuzzResolve(f *testing.F) {
 	for _, seed := range []string{"a", "a/b/c", "out", "out/x", "sib/x", "a/out/x", "dir/file", "dir/file/x", "a//b", "./a", "a/..", "..",
 		"dir/link", "dir/link/x", strings.Repeat("d/", 40) + "x"} {
-		f.Add(seed, true)
+		f.Add(seed, true, false)
+		f.Add(seed, false, true)
 	}
 	kubelet := filepath.Join(f.TempDir(), "kubelet")
 	outside := filepath.Join(f.TempDir(), "outside")
@@ -346,7 +348,10 @@ func FuzzResolve(f *testing.F) {
 		f.Fatal(err)
 	}
 	n := &node{kubeletDir: kubelet, kubeletReal: kubelet}
-	f.Fuzz(func(t *testing.T, rel string, create bool) {
+	f.Fuzz(func(t *testing.T, rel string, create, fallback bool) {
+		// fallback takes the O_NOFOLLOW walk that kernels without openat2 get.
+		noOpenat2.Store(fallback)
+		defer noOpenat2.Store(false)
 		p, err := n.lexicalPath("path", kubelet+"/"+rel)
 		if err != nil {
 			return

@@ -34,6 +34,17 @@ const raceIterations = 300
 // mounted outside but the decoy, nothing was created or removed there, and
 // the volume is torn down cleanly.
 func TestRealSymlinkRace(t *testing.T) {
+	for _, walk := range []string{"openat2", "O_NOFOLLOW walk"} {
+		t.Run(walk, func(t *testing.T) {
+			// The walk is what kernels without openat2 (before 5.6) get.
+			noOpenat2.Store(walk != "openat2")
+			t.Cleanup(func() { noOpenat2.Store(false) })
+			testRealSymlinkRace(t)
+		})
+	}
+}
+
+func testRealSymlinkRace(t *testing.T) {
 	f := newRealFixture(t)
 	outside := filepath.Join(filepath.Dir(f.kubelet), "outside")
 	unmountUnder(t, outside)
@@ -244,6 +255,17 @@ func TestRealUnpublishForeignTargets(t *testing.T) {
 // mount table, a read-only publish with them is read-only, and the staging
 // mount is the volume's device.
 func TestRealMountFlags(t *testing.T) {
+	for _, api := range []string{"new mount API", "mount(2)"} {
+		t.Run(api, func(t *testing.T) {
+			// mount(2) is what kernels before 5.12 get for binds.
+			noMountAPI.Store(api == "mount(2)")
+			t.Cleanup(func() { noMountAPI.Store(false) })
+			testRealMountFlags(t)
+		})
+	}
+}
+
+func testRealMountFlags(t *testing.T) {
 	f := newRealFixture(t)
 	id := f.volumeOfSize("flags", pool.AccessMount, "ext4", 64*mib, pool.Attachment{Node: testNode})
 	for _, flag := range []string{"discard", "loop", "X-mount.subdir=lost+found", "offset=4096", "errors=panic"} {
