@@ -121,3 +121,8 @@ cluster-images: static cluster-tools ##@ make images plus the csi-provisioner an
 test-cluster: cluster-images ##@ Tests on a real one-node cluster with loopvol deployed by kustomize (root; docs/cluster.md).
 	@echo "### test-cluster"
 	$(GO) test -count=1 -timeout 30m -v ./test/cluster/ 2>&1 | tee $(BIN)/cluster.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok)|cluster_test.go|cluster: (up|down)' ; exit $${PIPESTATUS[0]}
+
+demo: cluster-images ##@ A real one-node cluster, loopvol deployed with kubectl apply -k, a PVC taken to a Pod and back (root). KEEP=1 keeps it up until Ctrl-C.
+	@echo "### demo"
+	$(GO) build -o $(BIN)/demo ./hack/demo
+	$(BIN)/demo -repo $(CURDIR) -dir $(CLUSTER_DIR) -bin $(BIN) -images $(IMAGES_OUT) $(if $(KEEP),-keep)
