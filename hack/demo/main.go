@@ -244,6 +244,10 @@ func (d *demo) claimToPod(ctx context.Context) error {
 // staged and published by kubelet (the pod's volume mounted), Running.
 func (d *demo) follow(ctx context.Context, ns, name string, t0 time.Time) error {
 	seen := map[string]bool{}
+	if pvc, err := d.c.Client.CoreV1().PersistentVolumeClaims(ns).Get(ctx, "data", metav1.GetOptions{}); err == nil && pvc.Status.Phase == corev1.ClaimBound {
+		d.say("  PVC still bound to %s", pvc.Spec.VolumeName)
+		seen["PVC bound to %s (csi-provisioner: CreateVolume)"] = true
+	}
 	mark := func(what string, args ...any) {
 		if !seen[what] {
 			seen[what] = true
@@ -270,6 +274,10 @@ func (d *demo) follow(ctx context.Context, ns, name string, t0 time.Time) error 
 			}
 			for _, va := range vas.Items {
 				if va.Spec.Source.PersistentVolumeName != nil && *va.Spec.Source.PersistentVolumeName == pvc.Spec.VolumeName {
+					if va.CreationTimestamp.Time.Before(t0.Truncate(time.Second)) {
+						mark("VolumeAttachment %s still there from the last Pod", va.Name)
+						continue
+					}
 					mark("VolumeAttachment %s created (attach/detach controller)", va.Name)
 					if va.Status.Attached {
 						mark("VolumeAttachment attached (loopvol sidecar: ControllerPublishVolume)")

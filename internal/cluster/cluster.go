@@ -169,6 +169,7 @@ func (c *Cluster) up(ctx context.Context) error {
 		return err
 	}
 	c.Rest.QPS, c.Rest.Burst = 50, 100
+	c.Rest.WarningHandler = rest.NewWarningWriter(c.cfg.Out, rest.WarningWriterOptions{Deduplicate: true})
 	if c.Client, err = kubernetes.NewForConfig(c.Rest); err != nil {
 		return err
 	}
