@@ -57,10 +57,6 @@ type Server struct {
 	// pool chosen, so the per-volume lock alone cannot stop two calls with one
 	// name from creating it in two pools.
 	names keyedLock
-	// nodes serialises publishes per node so that two concurrent publishes
-	// cannot both take the node's last free slot.
-	nodesMu sync.Mutex
-	nodes   map[string]*sync.Mutex
 
 	orphanGrace   time.Duration
 	sweepInterval time.Duration
@@ -74,7 +70,7 @@ func New(cfg Config) (*Server, error) {
 	if cfg.OrphanGrace < 0 || cfg.SweepInterval < 0 {
 		return nil, errors.New("the orphan grace and the sweep interval must not be negative")
 	}
-	s := &Server{pools: map[string]*pool.Pool{}, defaultFsType: cfg.DefaultFsType, nodes: map[string]*sync.Mutex{},
+	s := &Server{pools: map[string]*pool.Pool{}, defaultFsType: cfg.DefaultFsType,
 		orphanGrace: cmp.Or(cfg.OrphanGrace, pool.DefaultOrphanGrace), sweepInterval: cmp.Or(cfg.SweepInterval, DefaultSweepInterval)}
 	if s.defaultFsType == "" {
 		s.defaultFsType = "ext4"
@@ -129,18 +125,6 @@ func (s *Server) lookup(volumeID string) (*pool.Pool, pool.VolumeID, error) {
 		return nil, id, status.Errorf(codes.NotFound, "volume %q does not exist: no pool %q", volumeID, id.Pool)
 	}
 	return p, id, nil
-}
-
-func (s *Server) nodeLock(node string) func() {
-	s.nodesMu.Lock()
-	mu, ok := s.nodes[node]
-	if !ok {
-		mu = &sync.Mutex{}
-		s.nodes[node] = mu
-	}
-	s.nodesMu.Unlock()
-	mu.Lock()
-	return mu.Unlock
 }
 
 // keyedLock is a set of try-locks by key.

@@ -64,9 +64,12 @@ func (s *Server) ControllerPublishVolume(ctx context.Context, req *csi.Controlle
 	if err := checkSharing(v, mode, readOnly); err != nil {
 		return nil, err
 	}
-	unlockNode := s.nodeLock(node)
-	defer unlockNode()
 	if rec.MaxVolumes > 0 {
+		unlockNode, err := s.lockNode(ctx, node)
+		if err != nil {
+			return nil, toStatus(err)
+		}
+		defer unlockNode()
 		n, err := s.countAttachments(node)
 		if err != nil {
 			return nil, toStatus(err)
@@ -114,6 +117,38 @@ func checkSharing(v *pool.Volume, mode string, readOnly bool) error {
 		return status.Errorf(codes.FailedPrecondition, "volume %s is attached to node %v; %s allows a single node", v.ID, others, mode)
 	}
 	return nil
+}
+
+// lockNode takes the node's lock in every pool of this controller that the
+// node serves, in the order of their names, within one pool.NodeLockWait:
+// until it is released, no publish of this or any other process on those
+// pools attaches a volume to the node, so the count of the node's
+// attachments that follows stays true until this publish's record is
+// written. A pool the node does not serve gets no attachment to it (publish
+// refuses it), so it needs no lock. Volume locks are only tried, never
+// waited for, so holding one while waiting here cannot deadlock.
+func (s *Server) lockNode(ctx context.Context, node string) (func(), error) {
+	ctx, cancel := context.WithTimeout(ctx, pool.NodeLockWait)
+	defer cancel()
+	var held []pool.Unlock
+	release := func() {
+		for i := len(held) - 1; i >= 0; i-- {
+			held[i]()
+		}
+	}
+	for _, name := range s.poolNames {
+		p := s.pools[name]
+		if !p.HasNode(node) {
+			continue
+		}
+		unlock, err := p.LockNode(ctx, node)
+		if err != nil {
+			release()
+			return nil, err
+		}
+		held = append(held, unlock)
+	}
+	return release, nil
 }
 
 // countAttachments counts the volumes attached to node over every pool.

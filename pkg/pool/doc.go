@@ -17,8 +17,9 @@
 //
 // Two processes may serve one pool (two controllers, or a controller and
 // node plugins on NFS): a volume lock (in-process mutex plus flock) guards
-// each volume's record and image, and a pool lock makes each capacity check
-// and the allocation it allows one step (lock.go). Sweep removes what killed
+// each volume's record and image, a pool lock makes each capacity check
+// and the allocation it allows one step, and a node lock makes counting a
+// node's attachments and adding one a single step (lock.go). Sweep removes what killed
 // processes left (sweep.go).
 //
 // The package imports only the standard library and x/sys: it knows nothing of

@@ -1,6 +1,7 @@
 package pool
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -112,37 +113,98 @@ const capacityWait = 30 * time.Second
 // and together overrun the reserve. Unlike the volume lock it waits (creates
 // of different names should all succeed), but only for capacityWait.
 func (p *Pool) lockCapacity() (Unlock, error) {
-	deadline := time.NewTimer(capacityWait)
-	defer deadline.Stop()
+	ctx, cancel := context.WithTimeout(context.Background(), capacityWait)
+	defer cancel()
 	select {
 	case p.capacity <- struct{}{}:
-	case <-deadline.C:
+	case <-ctx.Done():
 		return nil, fmt.Errorf("pool %s: another allocation in this process took longer than %s: %w", p.Name, capacityWait, ErrBusy)
 	}
 	release := func() { <-p.capacity }
-	// Another process holds the flock only while it allocates: poll with a
-	// short, growing pause rather than block in flock(2), which no deadline
-	// could interrupt.
+	f, err := p.waitFlock(ctx.Done(), p.root, poolLockFile)
+	if errors.Is(err, ErrBusy) {
+		err = fmt.Errorf("another process has held the pool lock for %s: %w", capacityWait, err)
+	}
+	if err != nil {
+		release()
+		return nil, fmt.Errorf("pool %s: %w", p.Name, err)
+	}
+	return func() {
+		unix.Flock(int(f.Fd()), unix.LOCK_UN)
+		f.Close()
+		release()
+	}, nil
+}
+
+// waitFlock locks the lock file name in d, waiting until stop is closed
+// (then ErrBusy). The holder of such a lock holds it only for one short
+// step, so it polls with a short, growing pause rather than block in
+// flock(2), which nothing could interrupt.
+func (p *Pool) waitFlock(stop <-chan struct{}, d *dir, name string) (*os.File, error) {
 	pause := time.Millisecond
 	for {
-		f, err := p.flock(p.root, poolLockFile)
-		if err == nil {
-			return func() {
-				unix.Flock(int(f.Fd()), unix.LOCK_UN)
-				f.Close()
-				release()
-			}, nil
-		}
+		f, err := p.flock(d, name)
 		if !errors.Is(err, ErrBusy) {
-			release()
-			return nil, fmt.Errorf("pool %s: %w", p.Name, err)
+			return f, err
 		}
 		select {
-		case <-deadline.C:
-			release()
-			return nil, fmt.Errorf("pool %s: another process has held the pool lock for %s: %w", p.Name, capacityWait, ErrBusy)
+		case <-stop:
+			return nil, err
 		case <-time.After(pause):
 		}
 		pause = min(2*pause, 50*time.Millisecond)
 	}
+}
+
+// NodeLockWait bounds how long LockNode waits. The lock is held while one
+// ControllerPublishVolume counts the node's attachments and writes one
+// record (milliseconds), so this is far beyond a healthy wait.
+const NodeLockWait = 30 * time.Second
+
+// LockNode takes the node's lock in this pool, nodes/<node ID>.lock: an
+// in-process semaphore and flock, like the pool lock. While it is held in
+// every pool the node serves, no other publish of any process on those pools
+// can attach a volume to the node, so counting the node's attachments and
+// adding one is one step and two controllers cannot together exceed the
+// node's limit. It waits (publishes of different volumes to one node should
+// all succeed), until ctx ends or for NodeLockWait at most; then it answers
+// ErrBusy. Callers that lock a node in several pools take the pools in
+// one order, by name. The lock file stays with the node record, which is
+// never removed either.
+func (p *Pool) LockNode(ctx context.Context, node string) (Unlock, error) {
+	if err := ValidateNodeID(node); err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, NodeLockWait)
+	defer cancel()
+	v, _ := p.nodeLocks.LoadOrStore(node, make(chan struct{}, 1))
+	sem := v.(chan struct{})
+	select {
+	case sem <- struct{}{}:
+	case <-ctx.Done():
+		return nil, fmt.Errorf("node %s in pool %s: another publish in this process held the node lock too long (%v): %w", node, p.Name, context.Cause(ctx), ErrBusy)
+	}
+	f, err := p.waitFlock(ctx.Done(), p.nodes, node+lockSuffix)
+	if errors.Is(err, ErrBusy) {
+		err = fmt.Errorf("another process held the node lock too long (%v): %w", context.Cause(ctx), err)
+	}
+	if err != nil {
+		<-sem
+		return nil, fmt.Errorf("node %s in pool %s: %w", node, p.Name, err)
+	}
+	return func() {
+		unix.Flock(int(f.Fd()), unix.LOCK_UN)
+		f.Close()
+		<-sem
+	}, nil
+}
+
+// HasNode reports whether a node plugin has registered the node in this pool
+// (its record is present, whether or not it can be read).
+func (p *Pool) HasNode(node string) bool {
+	if ValidateNodeID(node) != nil {
+		return false
+	}
+	_, err := p.nodes.stat(node + recordSuffix)
+	return err == nil
 }

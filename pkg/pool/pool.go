@@ -53,6 +53,9 @@ type Pool struct {
 	// capacity is the in-process half of the pool lock that makes a
 	// capacity decision and its allocation one step (lock.go).
 	capacity chan struct{}
+	// nodeLocks: node ID → chan struct{}, the in-process half of the node
+	// lock (LockNode).
+	nodeLocks sync.Map
 }
 
 type marker struct {
