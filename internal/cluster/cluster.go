@@ -97,7 +97,14 @@ func (c *Cluster) up(ctx context.Context) error {
 	} else {
 		l.Close()
 	}
-	// Earlier state (a crashed run) goes; the logs stay, appended to.
+	// Earlier state (a run that was killed) goes; the logs stay, appended
+	// to. Its mounts and loop devices lie under Dir: ours to undo.
+	if err := c.unmountAll(); err != nil {
+		return err
+	}
+	if err := c.detachLoops(); err != nil {
+		return err
+	}
 	for _, d := range []string{"pki", "etcd", "kubelet", "containerd", "cni", "pod-logs", "pools"} {
 		if err := c.removeTree(filepath.Join(c.cfg.Dir, d)); err != nil {
 			return err

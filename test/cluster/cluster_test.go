@@ -2,9 +2,12 @@ package cluster
 
 import (
 	"context"
+	"fmt"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -48,7 +51,19 @@ func up(t *testing.T) *cluster.Cluster {
 	if err != nil {
 		t.Fatalf("cluster up (`make test-cluster` builds the binaries and images): %v", err)
 	}
+	// Interrupted (Ctrl-C, a CI job cancelled): tear down before exiting;
+	// t.Cleanup would not run.
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		if _, ok := <-sig; ok {
+			fmt.Fprintln(os.Stderr, "interrupted: tearing the cluster down")
+			_ = c.Down(context.Background())
+			os.Exit(1)
+		}
+	}()
 	t.Cleanup(func() {
+		signal.Stop(sig)
 		if err := c.Down(context.Background()); err != nil {
 			t.Errorf("teardown left something behind: %v (state in %s)", err, dir)
 			return
