@@ -235,13 +235,7 @@ func run(ctx context.Context, o options) error {
 	cfg.Identity = identity
 	mm := metrics.NewCSIMetricsManagerWithOptions(o.driverName, metrics.WithSubsystem(metrics.SubsystemPlugin))
 	mm.GetRegistry().RawMustRegister(loopvolmetrics.PoolCollector{Usage: func() []loopvolmetrics.PoolUsage {
-		var out []loopvolmetrics.PoolUsage
-		for _, p := range served {
-			if u, err := p.Usage(); err == nil {
-				out = append(out, loopvolmetrics.PoolUsage{Pool: p.Name, Zone: p.Zone, SizeBytes: u.TotalBytes, AvailableBytes: u.AvailableBytes})
-			}
-		}
-		return out
+		return loopvolmetrics.UsageOf(served)
 	}})
 	cfg.Metrics = mm
 

@@ -1,12 +1,20 @@
 package metrics
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"github.com/loopvol/loopvol/pkg/pool"
+	"github.com/prometheus/client_golang/prometheus"
+)
 
 // PoolUsage is one pool's space at scrape time.
 type PoolUsage struct {
 	Pool, Zone     string
 	SizeBytes      int64
 	AvailableBytes int64
+	// OrphanImages and OrphanBytes are the images without a record and
+	// their size: kept during the sweep's grace or because they hold data
+	// (pool.Usage).
+	OrphanImages int
+	OrphanBytes  int64
 }
 
 var (
@@ -14,6 +22,10 @@ var (
 		"Size of the filesystem that holds the pool.", []string{"pool", "zone"}, nil)
 	poolAvailableDesc = prometheus.NewDesc("loopvol_pool_available_bytes",
 		"Bytes new volumes may still get in the pool: free space minus space promised to sparse images minus the reserve.", []string{"pool", "zone"}, nil)
+	poolOrphanImagesDesc = prometheus.NewDesc("loopvol_pool_orphan_images",
+		"Images in the pool without a volume record: left by a create that died (reclaimed after a grace if they hold no data) or a volume whose record was lost (kept).", []string{"pool", "zone"}, nil)
+	poolOrphanBytesDesc = prometheus.NewDesc("loopvol_pool_orphan_bytes",
+		"Size of the images in the pool without a volume record; this space is not available to new volumes.", []string{"pool", "zone"}, nil)
 )
 
 // PoolCollector reports pool gauges computed when Prometheus scrapes, so the
@@ -27,6 +39,8 @@ type PoolCollector struct {
 func (c PoolCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- poolSizeDesc
 	ch <- poolAvailableDesc
+	ch <- poolOrphanImagesDesc
+	ch <- poolOrphanBytesDesc
 }
 
 // Collect implements prometheus.Collector.
@@ -34,5 +48,22 @@ func (c PoolCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, u := range c.Usage() {
 		ch <- prometheus.MustNewConstMetric(poolSizeDesc, prometheus.GaugeValue, float64(u.SizeBytes), u.Pool, u.Zone)
 		ch <- prometheus.MustNewConstMetric(poolAvailableDesc, prometheus.GaugeValue, float64(u.AvailableBytes), u.Pool, u.Zone)
+		ch <- prometheus.MustNewConstMetric(poolOrphanImagesDesc, prometheus.GaugeValue, float64(u.OrphanImages), u.Pool, u.Zone)
+		ch <- prometheus.MustNewConstMetric(poolOrphanBytesDesc, prometheus.GaugeValue, float64(u.OrphanBytes), u.Pool, u.Zone)
 	}
+}
+
+// UsageOf measures the pools now, for PoolCollector.Usage. A pool that
+// cannot be measured is left out (its health check reports why).
+func UsageOf(pools []*pool.Pool) []PoolUsage {
+	var out []PoolUsage
+	for _, p := range pools {
+		u, err := p.Usage()
+		if err != nil {
+			continue
+		}
+		out = append(out, PoolUsage{Pool: p.Name, Zone: p.Zone, SizeBytes: u.TotalBytes, AvailableBytes: u.AvailableBytes,
+			OrphanImages: u.OrphanImages, OrphanBytes: u.OrphanBytes})
+	}
+	return out
 }

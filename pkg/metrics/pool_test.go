@@ -1,25 +1,104 @@
 package metrics
 
 import (
+	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/loopvol/loopvol/pkg/pool"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+func gather(t *testing.T, c prometheus.Collector, want string, names ...string) {
+	t.Helper()
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(c)
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), names...); err != nil {
+		t.Fatal(err)
+	}
+}
+
+const (
+	availableHelp = `# HELP loopvol_pool_available_bytes Bytes new volumes may still get in the pool: free space minus space promised to sparse images minus the reserve.
+# TYPE loopvol_pool_available_bytes gauge
+`
+	orphanBytesHelp = `# HELP loopvol_pool_orphan_bytes Size of the images in the pool without a volume record; this space is not available to new volumes.
+# TYPE loopvol_pool_orphan_bytes gauge
+`
+	orphanImagesHelp = `# HELP loopvol_pool_orphan_images Images in the pool without a volume record: left by a create that died (reclaimed after a grace if they hold no data) or a volume whose record was lost (kept).
+# TYPE loopvol_pool_orphan_images gauge
+`
+	sizeHelp = `# HELP loopvol_pool_size_bytes Size of the filesystem that holds the pool.
+# TYPE loopvol_pool_size_bytes gauge
+`
 )
 
 func TestPoolCollector(t *testing.T) {
 	c := PoolCollector{Usage: func() []PoolUsage {
-		return []PoolUsage{{Pool: "a", Zone: "z1", SizeBytes: 1000, AvailableBytes: 400}}
+		return []PoolUsage{
+			{Pool: "a", Zone: "z1", SizeBytes: 1000, AvailableBytes: 400, OrphanImages: 2, OrphanBytes: 300},
+			{Pool: "b", Zone: "z2", SizeBytes: 50, AvailableBytes: 50},
+		}
 	}}
-	want := `
-# HELP loopvol_pool_available_bytes Bytes new volumes may still get in the pool: free space minus space promised to sparse images minus the reserve.
-# TYPE loopvol_pool_available_bytes gauge
-loopvol_pool_available_bytes{pool="a",zone="z1"} 400
-# HELP loopvol_pool_size_bytes Size of the filesystem that holds the pool.
-# TYPE loopvol_pool_size_bytes gauge
-loopvol_pool_size_bytes{pool="a",zone="z1"} 1000
-`
-	if err := testutil.CollectAndCompare(c, strings.NewReader(want)); err != nil {
+	gather(t, c, availableHelp+`loopvol_pool_available_bytes{pool="a",zone="z1"} 400
+loopvol_pool_available_bytes{pool="b",zone="z2"} 50
+`+orphanBytesHelp+`loopvol_pool_orphan_bytes{pool="a",zone="z1"} 300
+loopvol_pool_orphan_bytes{pool="b",zone="z2"} 0
+`+orphanImagesHelp+`loopvol_pool_orphan_images{pool="a",zone="z1"} 2
+loopvol_pool_orphan_images{pool="b",zone="z2"} 0
+`+sizeHelp+`loopvol_pool_size_bytes{pool="a",zone="z1"} 1000
+loopvol_pool_size_bytes{pool="b",zone="z2"} 50
+`)
+}
+
+// TestUsageOfCountsOrphans: real pools measured at each scrape; an image
+// whose record is removed shows as an orphan of its pool with its size from
+// the next scrape on, and goes when the image does.
+func TestUsageOfCountsOrphans(t *testing.T) {
+	root := t.TempDir()
+	var pools []*pool.Pool
+	for _, name := range []string{"a", "b"} {
+		p, err := pool.Open(pool.Options{Name: name, Zone: "z-" + name, Path: filepath.Join(root, name)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { p.Close() })
+		pools = append(pools, p)
+	}
+	c := PoolCollector{Usage: func() []PoolUsage { return UsageOf(pools) }}
+	orphans := func(images, bytes int) string {
+		return fmt.Sprintf(orphanBytesHelp+`loopvol_pool_orphan_bytes{pool="a",zone="z-a"} %d
+loopvol_pool_orphan_bytes{pool="b",zone="z-b"} 0
+`+orphanImagesHelp+`loopvol_pool_orphan_images{pool="a",zone="z-a"} %d
+loopvol_pool_orphan_images{pool="b",zone="z-b"} 0
+`, bytes, images)
+	}
+	names := []string{"loopvol_pool_orphan_images", "loopvol_pool_orphan_bytes"}
+	var hashes []string
+	for i, size := range []int64{1 << 20, 3 << 20} {
+		v, err := pools[0].CreateVolume(pool.VolumeSpec{Name: fmt.Sprintf("v-%d", i), SizeBytes: size, AccessType: pool.AccessBlock, AccessModes: []string{"SINGLE_NODE_WRITER"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		id, err := pool.ParseVolumeID(v.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hashes = append(hashes, id.Hash)
+	}
+	gather(t, c, orphans(0, 0), names...)
+	vols := filepath.Join(root, "a", "volumes")
+	for _, h := range hashes {
+		if err := os.Remove(filepath.Join(vols, h+".json")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	gather(t, c, orphans(2, 4<<20), names...)
+	if err := os.Remove(filepath.Join(vols, hashes[1]+".img")); err != nil {
 		t.Fatal(err)
 	}
+	gather(t, c, orphans(1, 1<<20), names...)
 }
