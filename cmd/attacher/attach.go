@@ -20,6 +20,7 @@ func buildAttach(d *deps) (*runner, error) {
 		RetryIntervalStart: d.cfg.retryIntervalStart,
 		RetryIntervalMax:   d.cfg.retryIntervalMax,
 		ReconcileSync:      d.cfg.reconcileSync,
+		Timeout:            d.cfg.timeout,
 		DefaultFSType:      d.cfg.defaultFSType,
 		Registerer:         d.registry,
 		NodeName:           node,

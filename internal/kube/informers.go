@@ -43,11 +43,13 @@ const (
 type Informers struct {
 	client Client
 	resync time.Duration
+	health *APIHealth
 
 	mu       sync.Mutex
 	pvFields PVFields
 	frozen   bool // the PV transform's field set can no longer grow
 	byName   map[string]*entry
+	probing  bool // health.Run started
 }
 
 type entry struct {
@@ -58,11 +60,17 @@ type entry struct {
 // NewInformers returns an empty set of informers over client, with resync as
 // every informer's resync period (zero: none).
 func NewInformers(client Client, resync time.Duration) *Informers {
-	return &Informers{client: client, resync: resync, byName: map[string]*entry{}}
+	return &Informers{client: client, resync: resync, byName: map[string]*entry{}, health: NewAPIHealth(client, nil, 0)}
 }
 
 // Client is the client the informers list and watch with.
 func (f *Informers) Client() Client { return f.client }
+
+// APIHealth is whether the API server answers, as every list and watch of
+// the informers (and every request a controller reports to it) saw it.
+// Start runs its probe. While it is down the informers wait for it
+// instead of backing off further.
+func (f *Informers) APIHealth() *APIHealth { return f.health }
 
 // get returns the informer named name, making it with mk the first time.
 func (f *Informers) get(name string, mk func() cache.SharedIndexInformer) cache.SharedIndexInformer {
@@ -196,7 +204,27 @@ func (f *Informers) CSIStorageCapacities(namespace string, selector labels.Selec
 // before it is cached.
 func (f *Informers) newInformer(example runtime.Object, transform cache.TransformFunc,
 	list cache.ListWithContextFunc, watchFunc cache.WatchFuncWithContext) cache.SharedIndexInformer {
-	lw := cache.ToListWatcherWithWatchListSemantics(&cache.ListWatch{ListWithContextFunc: list, WatchFuncWithContext: watchFunc}, f.client)
+	// A reflector backs off (up to 30 s) after each failed list or watch;
+	// after an outage it would wait that out before it saw anything. The
+	// calls wait for the server instead, and report what they see.
+	h := f.health
+	waitList := func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+		if err := h.WaitUp(ctx); err != nil {
+			return nil, err
+		}
+		obj, err := list(ctx, o)
+		h.Observe(err)
+		return obj, err
+	}
+	waitWatch := func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+		if err := h.WaitUp(ctx); err != nil {
+			return nil, err
+		}
+		w, err := watchFunc(ctx, o)
+		h.Observe(err)
+		return w, err
+	}
+	lw := cache.ToListWatcherWithWatchListSemantics(&cache.ListWatch{ListWithContextFunc: waitList, WatchFuncWithContext: waitWatch}, f.client)
 	inf := cache.NewSharedIndexInformerWithOptions(lw, example, cache.SharedIndexInformerOptions{ResyncPeriod: f.resync, Indexers: cache.Indexers{}})
 	_ = inf.SetTransform(transform) // fails only once the informer runs
 	return inf
@@ -209,6 +237,10 @@ func (f *Informers) Start(ctx context.Context) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.frozen = true
+	if !f.probing {
+		f.probing = true
+		go f.health.Run(ctx)
+	}
 	for _, e := range f.byName {
 		if !e.started {
 			e.started = true

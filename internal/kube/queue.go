@@ -2,6 +2,7 @@ package kube
 
 import (
 	"context"
+	"sync"
 	"time"
 
 	"k8s.io/client-go/util/workqueue"
@@ -19,6 +20,9 @@ type Queue[T comparable] struct {
 	rl workqueue.TypedRateLimiter[T]
 	// finalFloor is the shortest wait after a final error.
 	finalFloor time.Duration
+
+	mu      sync.Mutex
+	failing map[T]struct{} // keys whose last sync failed
 }
 
 // NewQueue makes a queue whose items back off exponentially from start to
@@ -32,6 +36,7 @@ func NewQueue[T comparable](name string, start, max time.Duration) *Queue[T] {
 		rl:         rl,
 		Q:          workqueue.NewTypedRateLimitingQueueWithConfig(rl, workqueue.TypedRateLimitingQueueConfig[T]{Name: name}),
 		finalFloor: min(32*start, max),
+		failing:    map[T]struct{}{},
 	}
 }
 
@@ -40,6 +45,13 @@ func NewQueue[T comparable](name string, start, max time.Duration) *Queue[T] {
 // the final-error floor when final. It returns the delay (zero after a
 // success). It does not call Done.
 func (q *Queue[T]) Handle(ctx context.Context, key T, err error, final bool) time.Duration {
+	q.mu.Lock()
+	if err == nil {
+		delete(q.failing, key)
+	} else {
+		q.failing[key] = struct{}{}
+	}
+	q.mu.Unlock()
 	if err == nil {
 		q.Q.Forget(key)
 		return 0
@@ -52,6 +64,41 @@ func (q *Queue[T]) Handle(ctx context.Context, key T, err error, final bool) tim
 	klog.FromContext(ctx).Error(err, "Sync failed, will retry", "queue", q.Name, "key", key,
 		"final", final, "retryAfter", delay, "failures", q.rl.NumRequeues(key))
 	return delay
+}
+
+// ResetBackoff forgets the backoff of every key whose last sync failed and
+// queues it at once: what failed because the API server or the driver was
+// away is retried as soon as they are back, not after each key's
+// exponential delay. It returns how many keys it queued. (A key still
+// waiting out its delay is synced once more when that ends; syncs are
+// idempotent.)
+func (q *Queue[T]) ResetBackoff() int {
+	q.mu.Lock()
+	keys := make([]T, 0, len(q.failing))
+	for k := range q.failing {
+		keys = append(keys, k)
+	}
+	q.mu.Unlock()
+	for _, k := range keys {
+		q.Q.Forget(k)
+		q.Q.Add(k)
+	}
+	return len(keys)
+}
+
+// Drop forgets that key failed (its object is gone). An AddAfter still
+// pending for it runs anyway; the sync of a gone object succeeds.
+func (q *Queue[T]) Drop(key T) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	delete(q.failing, key)
+}
+
+// Failing is how many keys failed at their last sync.
+func (q *Queue[T]) Failing() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return len(q.failing)
 }
 
 // Failures is how many times key has failed since its last success.

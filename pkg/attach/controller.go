@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -99,7 +100,22 @@ type Config struct {
 	// that node (--node-deployment: one sidecar per node, next to a driver
 	// that can only serve its own node's pool).
 	NodeName string
+	// Timeout is the timeout of a ControllerPublishVolume or
+	// ControllerUnpublishVolume call (--timeout). After a call of a
+	// VolumeAttachment timed out, its next call gets twice as long, up to
+	// TimeoutGrowthLimit × Timeout. Zero leaves the timeout to the CSI
+	// connection and never grows it.
+	Timeout time.Duration
+	// LeakGrace is how long the reconcile must see a volume published to
+	// a node that no VolumeAttachment wants before it unpublishes it. Zero
+	// means twice ReconcileSync.
+	LeakGrace time.Duration
 }
+
+// TimeoutGrowthLimit bounds the growth of the per-call timeout of a
+// VolumeAttachment whose calls time out: at most this many times
+// Config.Timeout (2 minutes at the default --timeout of 15 s).
+const TimeoutGrowthLimit = 8
 
 // Validate reports the first field of c that cannot work.
 func (c Config) Validate() error {
@@ -120,6 +136,10 @@ func (c Config) Validate() error {
 		return fmt.Errorf("the maximum retry interval %s is shorter than the initial one %s", c.RetryIntervalMax, c.RetryIntervalStart)
 	case c.ReconcileSync < 0:
 		return fmt.Errorf("the reconcile period must not be negative, not %s", c.ReconcileSync)
+	case c.Timeout < 0:
+		return fmt.Errorf("the CSI call timeout must not be negative, not %s", c.Timeout)
+	case c.LeakGrace < 0:
+		return fmt.Errorf("the leaked-publish grace period must not be negative, not %s", c.LeakGrace)
 	}
 	return nil
 }
@@ -153,7 +173,14 @@ type Controller struct {
 	locks   *keyLocks
 	pending *pendingTracker
 	state   *vaState
+	leaks   *leakTracker
 	metrics *metrics
+	// api tells whether the API server answers (the shared informers'
+	// view, with the controller's own requests added).
+	api *kube.APIHealth
+	// timeoutLogged is set once the first driver call timeout was logged
+	// at level 0.
+	timeoutLogged atomic.Bool
 }
 
 // New builds a controller over the VolumeAttachment, PersistentVolume and
@@ -180,12 +207,14 @@ func New(cfg Config) (*Controller, error) {
 		locks:     newKeyLocks(),
 		pending:   newPendingTracker(clk),
 		state:     newVAState(),
+		leaks:     newLeakTracker(),
 	}
 	if c.informers == nil {
 		c.informers = kube.NewInformers(cfg.Client, cfg.Resync)
 		c.ownInformers = true
 	}
-	m, err := newMetrics(c.pending, cfg.Registerer)
+	c.api = c.informers.APIHealth()
+	m, err := newMetrics(c.trackedObjects, cfg.Registerer)
 	if err != nil {
 		return nil, fmt.Errorf("attach controller metrics: %w", err)
 	}
@@ -229,6 +258,14 @@ func (c *Controller) Run(ctx context.Context) error {
 	if c.ownInformers {
 		c.informers.Start(ctx)
 	}
+
+	// After an API server outage, what failed meanwhile is retried at
+	// once rather than after each item's backoff.
+	removeRecovered := c.api.OnRecovered(func() {
+		n := c.attachQ.ResetBackoff() + c.detachQ.ResetBackoff() + c.pvQ.ResetBackoff()
+		logger.Info("The API server is back; retrying what failed meanwhile without waiting out its backoff", "queued", n)
+	})
+	defer removeRecovered()
 
 	pvWorkers := max(1, c.cfg.Workers/4)
 	logger.Info("Starting the attach controller", "driver", c.cfg.DriverName, "finalizer", c.finalizer,
@@ -296,10 +333,12 @@ func (c *Controller) pvWorker(ctx context.Context) {
 // only place that calls Done, Forget and the rate-limited re-adds of the VA
 // queues. It returns false when the worker should stop.
 func (c *Controller) processNextVA(ctx context.Context, q *queue) bool {
-	// While the driver is away, wait here with the items still queued (their
-	// backoff untouched, their age visible in the metrics) rather than fail
-	// each of them.
-	if err := c.csi.WaitReady(ctx); err != nil {
+	// While the driver or the API server is away, wait here with the items
+	// still queued (their backoff untouched, their age visible in the
+	// metrics) rather than fail each of them: without the API server the
+	// outcome of a driver call could not be recorded, so it would be made
+	// again and again.
+	if err := c.ready(ctx); err != nil {
 		return false
 	}
 	key, quit := q.Q.Get()
@@ -310,7 +349,7 @@ func (c *Controller) processNextVA(ctx context.Context, q *queue) bool {
 	// Idle workers sit in Get, past the check above, while the driver is
 	// ready; one of them gets the first item queued after the driver went
 	// away. Wait here too, holding the item.
-	if err := c.csi.WaitReady(ctx); err != nil {
+	if err := c.ready(ctx); err != nil {
 		q.Q.Add(key) // back in the queue unless the queue is shutting down
 		return false
 	}
@@ -323,17 +362,39 @@ func (c *Controller) processNextVA(ctx context.Context, q *queue) bool {
 	err := c.syncVA(ctx, key)
 	c.locks.unlock(key)
 	c.pending.finish(key, err == nil)
+	if kube.IsUnreachable(err) {
+		c.api.Observe(err)
+	}
 	c.handleErr(ctx, q, key, err)
+	c.forgetIfGone(key)
 	return true
 }
 
+// ready waits until the driver and the API server are both there.
+func (c *Controller) ready(ctx context.Context) error {
+	if err := c.csi.WaitReady(ctx); err != nil {
+		return err
+	}
+	return c.api.WaitUp(ctx)
+}
+
+// stillLeading is kube.StillLeading: nil unless ctx ended or this replica
+// can no longer be sure it holds its Lease.
+func (c *Controller) stillLeading(ctx context.Context) error { return kube.StillLeading(ctx) }
+
 func (c *Controller) processNextPV(ctx context.Context) bool {
+	if err := c.api.WaitUp(ctx); err != nil {
+		return false
+	}
 	key, quit := c.pvQ.Q.Get()
 	if quit {
 		return false
 	}
 	defer c.pvQ.Q.Done(key)
 	err := c.syncPV(ctx, key)
+	if kube.IsUnreachable(err) {
+		c.api.Observe(err)
+	}
 	c.handleErr(ctx, c.pvQ, key, err)
 	return true
 }
@@ -354,6 +415,13 @@ type keyLocks struct {
 
 func newKeyLocks() *keyLocks {
 	return &keyLocks{held: map[string][]workqueue.TypedRateLimitingInterface[string]{}}
+}
+
+// size is how many VolumeAttachments are locked.
+func (l *keyLocks) size() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.held)
 }
 
 // tryLock takes key's lock, or records that q wants key when the holder

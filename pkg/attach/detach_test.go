@@ -38,7 +38,7 @@ func TestSyncVADetach(t *testing.T) {
 				vaObj("va1", "pv1", deleting, withFinalizers(finalizer), withNodeIDAnnotation(testNodeID), attached(nil)),
 				pvObj("pv1", "pool.vol1", pvFinalizers(finalizer)), csiNodeObj(testNode, testNodeID),
 			},
-			wantAPI:        []apiAction{patchVAJSON("va1", removeFinalizerAt("0"))},
+			wantAPI:        []apiAction{get("volumeattachments", "va1"), patchVAJSON("va1", removeFinalizerAt("0"))},
 			wantCSI:        unpublish("pool.vol1", testNodeID, nil),
 			wantFinalizers: nil,
 		},
@@ -49,7 +49,7 @@ func TestSyncVADetach(t *testing.T) {
 				vaObj("va1", "pv1", deleting, withFinalizers(finalizer), withNodeIDAnnotation("upstream-node-id"), attached(map[string]string{"k": "v"})),
 				pvObj("pv1", "pool.vol1", pvFinalizers(finalizer)),
 			},
-			wantAPI:        []apiAction{patchVAJSON("va1", removeFinalizerAt("0"))},
+			wantAPI:        []apiAction{get("volumeattachments", "va1"), patchVAJSON("va1", removeFinalizerAt("0"))},
 			wantCSI:        unpublish("pool.vol1", "upstream-node-id", nil),
 			wantFinalizers: nil,
 		},
@@ -60,7 +60,7 @@ func TestSyncVADetach(t *testing.T) {
 				vaObj("va1", "pv1", deleting, withFinalizers(finalizer), withNodeIDAnnotation("published-id"), attached(nil)),
 				pvObj("pv1", "pool.vol1", pvFinalizers(finalizer)), csiNodeObj(testNode, "re-registered-id"),
 			},
-			wantAPI: []apiAction{patchVAJSON("va1", removeFinalizerAt("0"))},
+			wantAPI: []apiAction{get("volumeattachments", "va1"), patchVAJSON("va1", removeFinalizerAt("0"))},
 			wantCSI: unpublish("pool.vol1", "published-id", nil),
 		},
 		{
@@ -71,6 +71,7 @@ func TestSyncVADetach(t *testing.T) {
 				pvObj("pv1", "pool.vol1", pvFinalizers(finalizer)), csiNodeObj(testNode, testNodeID),
 			},
 			wantAPI: []apiAction{
+				get("volumeattachments", "va1"),
 				patchVAJSON("va1", removeFinalizerAt("1")),
 				patchVAStatus("va1", `{"status":{"attached":false,"attachmentMetadata":null,"detachError":null}}`),
 			},
@@ -87,6 +88,7 @@ func TestSyncVADetach(t *testing.T) {
 				secretObj("ns1", "creds", map[string]string{"token": "t0k3n"}),
 			},
 			wantAPI: []apiAction{
+				get("volumeattachments", "va1"),
 				{Verb: "get", Resource: "secrets", Name: "creds"},
 				patchVAJSON("va1", removeFinalizerAt("0")),
 			},
@@ -98,7 +100,7 @@ func TestSyncVADetach(t *testing.T) {
 			objs: []runtime.Object{
 				vaObj("va1", "", inline("pool.inline"), deleting, withFinalizers(finalizer), withNodeIDAnnotation(testNodeID), attached(nil)),
 			},
-			wantAPI: []apiAction{patchVAJSON("va1", removeFinalizerAt("0"))},
+			wantAPI: []apiAction{get("volumeattachments", "va1"), patchVAJSON("va1", removeFinalizerAt("0"))},
 			wantCSI: unpublish("pool.inline", testNodeID, nil),
 		},
 		{
@@ -111,6 +113,7 @@ func TestSyncVADetach(t *testing.T) {
 			unpublishErr: status.Error(codes.Internal, "disk on fire"),
 			wantErr:      true,
 			wantAPI: []apiAction{
+				get("volumeattachments", "va1"),
 				patchVAStatus("va1", detachErrorPatch("rpc error: code = Internal desc = disk on fire", 13)),
 			},
 			wantCSI:        unpublish("pool.vol1", testNodeID, nil),

@@ -406,7 +406,8 @@ func TestVAMetadataPatchFailureIsReportedWithoutPublishing(t *testing.T) {
 
 // TestWriteOrderAroundTheDriver checks the order of API writes and CSI calls
 // together: finalizers and node ID before ControllerPublishVolume, the
-// status after it; ControllerUnpublishVolume before the finalizer goes.
+// status after it; a fresh read, then ControllerUnpublishVolume before the
+// finalizer goes.
 func TestWriteOrderAroundTheDriver(t *testing.T) {
 	f := newFixture(t, allCaps, vaObj("va1", "pv1"), pvObj("pv1", "pool.vol1"), csiNodeObj(testNode, testNodeID))
 	var timeline []string
@@ -440,6 +441,7 @@ func TestWriteOrderAroundTheDriver(t *testing.T) {
 		"patch volumeattachments", // VA finalizer + node ID
 		"ControllerPublishVolume", // once
 		"patch volumeattachments/status",
+		"get volumeattachments", // the object as it is now, not the cache's copy
 		"ControllerUnpublishVolume",
 		"patch volumeattachments", // finalizer removed; the object goes, so no status patch
 	}, timeline)

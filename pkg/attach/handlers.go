@@ -128,8 +128,9 @@ func (c *Controller) vaDeleted(obj any) {
 	if !ok {
 		return
 	}
-	c.pending.drop(va.Name)
-	c.state.drop(va.Name)
+	c.forget(va.Name)
+	c.attachQ.Drop(va.Name)
+	c.detachQ.Drop(va.Name)
 	// The PV may be waiting for its last VolumeAttachment to go.
 	if pv := va.Spec.Source.PersistentVolumeName; pv != nil {
 		c.pvQ.Q.Add(*pv)

@@ -99,36 +99,65 @@ func (c *Controller) patchVA(ctx context.Context, name string, pt types.PatchTyp
 		sub = []string{"status"}
 	}
 	klog.FromContext(ctx).V(5).Info("Patching VolumeAttachment", "patch", string(data), "subresource", sub)
+	if err := c.stillLeading(ctx); err != nil {
+		return nil, err
+	}
 	out, err := c.client.StorageV1().VolumeAttachments().Patch(ctx, name, pt, data, metav1.PatchOptions{}, sub...)
+	c.api.Observe(err)
 	if err != nil {
 		return nil, err
 	}
+	if out.DeletionTimestamp != nil && len(out.Finalizers) == 0 {
+		// The last finalizer went: the object is gone, and its delete
+		// event may have been handled already. Nothing to remember.
+		c.forget(name)
+		return out, nil
+	}
 	c.state.recordWrite(name, out.ResourceVersion, c.clock.Now())
+	c.forgetIfGone(name)
 	return out, nil
 }
 
+// forgetIfGone drops the state of key when the cache no longer has the
+// object. Called after recording something about key: the delete event
+// drops the object's state after the cache dropped the object, so either
+// this check sees the object gone, or the event comes later and drops it.
+func (c *Controller) forgetIfGone(key string) {
+	if _, exists, err := c.vaIndexer.GetByKey(key); err == nil && !exists {
+		c.forget(key)
+	}
+}
+
+// forget drops everything the controller remembers about key.
+func (c *Controller) forget(key string) {
+	c.state.drop(key)
+	c.pending.drop(key)
+}
+
 // ensureVAMetadata gives va the finalizer and the node-ID annotation in one
-// patch, and returns the updated object. A stale cached copy makes the patch
-// conflict; then it reads va afresh and tries once more.
-func (c *Controller) ensureVAMetadata(ctx context.Context, va *storagev1.VolumeAttachment, nodeID string) (*storagev1.VolumeAttachment, error) {
+// patch, and returns the updated object and whether it patched (then the
+// object is as fresh as a read: the patch had a resourceVersion
+// precondition). A stale cached copy makes the patch conflict; then it
+// reads va afresh and tries once more.
+func (c *Controller) ensureVAMetadata(ctx context.Context, va *storagev1.VolumeAttachment, nodeID string) (*storagev1.VolumeAttachment, bool, error) {
 	for try := 0; ; try++ {
 		data := vaMetadataPatch(va, c.finalizer, nodeID)
 		if data == nil {
-			return va, nil
+			return va, try > 0, nil
 		}
 		out, err := c.patchVA(ctx, va.Name, types.MergePatchType, data, false)
 		if err == nil {
-			return out, nil
+			return out, true, nil
 		}
 		if !apierrors.IsConflict(err) || try > 0 {
-			return nil, fmt.Errorf("add finalizer and node ID to VolumeAttachment %q: %w", va.Name, err)
+			return nil, false, fmt.Errorf("add finalizer and node ID to VolumeAttachment %q: %w", va.Name, err)
 		}
 		live, gerr := c.client.StorageV1().VolumeAttachments().Get(ctx, va.Name, metav1.GetOptions{})
 		if gerr != nil {
-			return nil, fmt.Errorf("read VolumeAttachment %q again after a conflict: %w", va.Name, gerr)
+			return nil, false, fmt.Errorf("read VolumeAttachment %q again after a conflict: %w", va.Name, gerr)
 		}
 		if live.DeletionTimestamp != nil {
-			return nil, fmt.Errorf("VolumeAttachment %q is being deleted", va.Name)
+			return nil, false, fmt.Errorf("VolumeAttachment %q is being deleted", va.Name)
 		}
 		va = live
 	}

@@ -15,11 +15,17 @@ import (
 // status says attached. A live object wants its volume attached and
 // published; so both "status attached, driver has no record" (the driver
 // lost it) and "status not attached" (someone changed it by hand) are
-// repaired by publishing, which is idempotent. Nothing is ever unpublished
-// here: the attach/detach controller decides that, by deleting the object.
+// repaired by publishing, which is idempotent. A volume a VolumeAttachment
+// wants is never unpublished here: the attach/detach controller decides
+// that, by deleting the object. What no VolumeAttachment wants at all is
+// unpublished after a grace period (repairLeaks).
 func (c *Controller) reconcile(ctx context.Context) {
 	logger := klog.LoggerWithName(klog.FromContext(ctx), "reconcile")
 	ctx = klog.NewContext(ctx, logger)
+	if !c.api.Up() {
+		logger.V(4).Info("Skipped: the API server is unreachable")
+		return
+	}
 	caps := c.csi.Capabilities()
 	if !caps.PublishUnpublish || !caps.CanListPublished() {
 		logger.V(5).Info("Skipped: the driver cannot list where volumes are published")
@@ -63,4 +69,5 @@ func (c *Controller) reconcile(ctx context.Context) {
 	}
 	c.metrics.reconcileRepairs.Add(float64(repaired))
 	logger.V(4).Info("Reconciled VolumeAttachments with the driver", "volumes", len(published), "volumeAttachments", len(vas), "resynced", repaired)
+	c.repairLeaks(ctx, published, vas)
 }

@@ -117,13 +117,28 @@ func (p *pendingTracker) stats(op operation) (int, time.Duration) {
 	return n, oldest
 }
 
+// size is how many VolumeAttachments the tracker holds.
+func (p *pendingTracker) size() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.items)
+}
+
 // vaState is what the controller remembers per VolumeAttachment between
 // syncs: the resourceVersion and time of its own last write (to spot a stale
-// cache) and a reconcile's request to sync again.
+// cache), a reconcile's request to sync again, and the per-call timeout of
+// a volume whose last driver call timed out.
+//
+// Every entry belongs to an object that exists: the delete event drops the
+// object's entries, and a write recorded after that event (the patch that
+// removed the last finalizer returns after the informer already saw the
+// object go) is dropped again at once by the caller (see
+// Controller.forgetIfGone), so no order of events leaves one behind.
 type vaState struct {
 	mu      sync.Mutex
 	written map[string]write
-	force   map[string]string // key → resourceVersion the reconcile judged
+	force   map[string]string        // key → resourceVersion the reconcile judged
+	timeout map[string]time.Duration // key → timeout of its next driver call
 }
 
 type write struct {
@@ -132,7 +147,7 @@ type write struct {
 }
 
 func newVAState() *vaState {
-	return &vaState{written: map[string]write{}, force: map[string]string{}}
+	return &vaState{written: map[string]write{}, force: map[string]string{}, timeout: map[string]time.Duration{}}
 }
 
 func (s *vaState) recordWrite(key, rv string, at time.Time) {
@@ -194,9 +209,40 @@ func (s *vaState) clearForce(key string) {
 	delete(s.force, key)
 }
 
+// callTimeout returns the timeout of key's next driver call: def, or
+// longer after a call of key timed out.
+func (s *vaState) callTimeout(key string, def time.Duration) time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if d, ok := s.timeout[key]; ok {
+		return d
+	}
+	return def
+}
+
+// setCallTimeout records the timeout of key's next driver call; def (the
+// --timeout) forgets it.
+func (s *vaState) setCallTimeout(key string, d, def time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if d <= def {
+		delete(s.timeout, key)
+		return
+	}
+	s.timeout[key] = d
+}
+
 func (s *vaState) drop(key string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	delete(s.written, key)
 	delete(s.force, key)
+	delete(s.timeout, key)
+}
+
+// sizes returns how many VolumeAttachments each map holds.
+func (s *vaState) sizes() (written, force, timeout int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.written), len(s.force), len(s.timeout)
 }

@@ -40,6 +40,7 @@ func (c *Controller) syncVA(ctx context.Context, name string) error {
 	ctx = klog.NewContext(ctx, logger)
 
 	judged, force := c.state.forced(name)
+	fresh := false
 	if force || c.state.staleCache(name, va.ResourceVersion) {
 		// Decide on the live object: the reconcile judged a copy that may
 		// have changed since, or the cache has not seen our last write yet.
@@ -55,14 +56,14 @@ func (c *Controller) syncVA(ctx context.Context, name string) error {
 		// the controller's own writes since (a failed forced attempt
 		// writes attachError); a change by anyone else voids it.
 		force = force && (live.ResourceVersion == judged || live.ResourceVersion == c.state.writtenVersion(name))
-		va = live
+		va, fresh = live, true
 	}
 
 	caps := c.csi.Capabilities()
 	if va.DeletionTimestamp != nil {
-		err = c.detach(ctx, va, caps)
+		err = c.detach(ctx, va, caps, fresh)
 	} else {
-		err = c.attach(ctx, va, caps, force)
+		err = c.attach(ctx, va, caps, force, fresh)
 	}
 	if err == nil {
 		c.state.clearForce(name)
@@ -72,8 +73,9 @@ func (c *Controller) syncVA(ctx context.Context, name string) error {
 
 // attach publishes the volume of a live VolumeAttachment unless it is
 // attached already (force: the reconcile found the driver disagreeing, so
-// publish again anyway).
-func (c *Controller) attach(ctx context.Context, va *storagev1.VolumeAttachment, caps csiclient.Capabilities, force bool) error {
+// publish again anyway). fresh says va was just read from the API server,
+// not from the cache.
+func (c *Controller) attach(ctx context.Context, va *storagev1.VolumeAttachment, caps csiclient.Capabilities, force, fresh bool) error {
 	logger := klog.FromContext(ctx)
 	if !caps.PublishUnpublish {
 		return c.attachWithoutDriver(ctx, va)
@@ -95,17 +97,36 @@ func (c *Controller) attach(ctx context.Context, va *storagev1.VolumeAttachment,
 			return c.attachFailed(ctx, va, err)
 		}
 	}
-	updated, err := c.ensureVAMetadata(ctx, va, t.nodeID)
+	updated, patched, err := c.ensureVAMetadata(ctx, va, t.nodeID)
 	if err != nil {
 		return c.attachFailed(ctx, va, err)
 	}
 	va = updated
+	if !patched && !fresh {
+		// ControllerPublishVolume cannot be taken back: decide on the
+		// object as it is now, not on a cached copy that may be long gone
+		// (a replica that was paused, a cache that missed the deletion).
+		// The metadata patch above carries a resourceVersion precondition
+		// and proves the same when it was needed.
+		live, err := c.liveVA(ctx, va)
+		if err != nil || live == nil {
+			return err
+		}
+		if live.DeletionTimestamp != nil || (live.Status.Attached && !force) {
+			return nil // its update event queues what it needs
+		}
+		va = live
+	}
 	secrets, err := c.secrets(ctx, t.secretRef)
 	if err != nil {
 		return c.attachFailed(ctx, va, err)
 	}
+	if err := c.stillLeading(ctx); err != nil {
+		return err
+	}
 	logger.V(4).Info("Publishing volume", "volumeID", t.handle, "nodeID", t.nodeID, "readOnly", t.readOnly, "force", force)
-	pc, err := c.csi.ControllerPublish(ctx, &csi.ControllerPublishVolumeRequest{
+	callCtx, timeout := c.callContext(ctx, va.Name)
+	pc, err := c.csi.ControllerPublish(callCtx, &csi.ControllerPublishVolumeRequest{
 		VolumeId:         t.handle,
 		NodeId:           t.nodeID,
 		VolumeCapability: t.capability,
@@ -113,6 +134,7 @@ func (c *Controller) attach(ctx context.Context, va *storagev1.VolumeAttachment,
 		Secrets:          secrets,
 		VolumeContext:    t.attributes,
 	})
+	c.noteCallResult(ctx, va.Name, "ControllerPublishVolume", timeout, err)
 	if err != nil {
 		return c.attachFailed(ctx, va, err)
 	}
@@ -145,8 +167,9 @@ func (c *Controller) attachWithoutDriver(ctx context.Context, va *storagev1.Volu
 }
 
 // detach unpublishes the volume of a VolumeAttachment being deleted that
-// still carries the finalizer, then removes the finalizer.
-func (c *Controller) detach(ctx context.Context, va *storagev1.VolumeAttachment, caps csiclient.Capabilities) error {
+// still carries the finalizer, then removes the finalizer. fresh says va
+// was just read from the API server.
+func (c *Controller) detach(ctx context.Context, va *storagev1.VolumeAttachment, caps csiclient.Capabilities, fresh bool) error {
 	logger := klog.FromContext(ctx)
 	if !slices.Contains(va.Finalizers, c.finalizer) {
 		logger.V(5).Info("Already detached")
@@ -158,16 +181,36 @@ func (c *Controller) detach(ctx context.Context, va *storagev1.VolumeAttachment,
 		if t, err = c.resolve(ctx, va, caps, forDetach); err != nil {
 			return c.detachFailed(ctx, va, err)
 		}
+		if !fresh {
+			// As for a publish: unpublish only what the object still
+			// asks for now. A copy from the cache may be of an object
+			// that another replica detached and the attach/detach
+			// controller created again for the same volume and node.
+			live, err := c.liveVA(ctx, va)
+			if err != nil || live == nil {
+				return err
+			}
+			if !slices.Contains(live.Finalizers, c.finalizer) {
+				logger.V(5).Info("Already detached")
+				return nil
+			}
+			va = live
+		}
 		secrets, err := c.secrets(ctx, t.secretRef)
 		if err != nil {
 			return c.detachFailed(ctx, va, err)
 		}
+		if err := c.stillLeading(ctx); err != nil {
+			return err
+		}
 		logger.V(4).Info("Unpublishing volume", "volumeID", t.handle, "nodeID", t.nodeID)
-		err = c.csi.ControllerUnpublish(ctx, &csi.ControllerUnpublishVolumeRequest{
+		callCtx, timeout := c.callContext(ctx, va.Name)
+		err = c.csi.ControllerUnpublish(callCtx, &csi.ControllerUnpublishVolumeRequest{
 			VolumeId: t.handle,
 			NodeId:   t.nodeID,
 			Secrets:  secrets,
 		})
+		c.noteCallResult(ctx, va.Name, "ControllerUnpublishVolume", timeout, err)
 		if err != nil {
 			return c.detachFailed(ctx, va, err)
 		}
@@ -225,11 +268,35 @@ func (c *Controller) recordFailure(ctx context.Context, va *storagev1.VolumeAtta
 		ve.ErrorCode = &n
 		label = code.String()
 	}
+	if err := c.stillLeading(ctx); err != nil {
+		// Another replica may own the object now: write nothing.
+		return label
+	}
 	if _, err := c.patchVA(ctx, va.Name, types.MergePatchType, statusPatch{field: ve}.bytes(), true); err != nil {
 		klog.FromContext(ctx).Error(err, "Saving the error in the VolumeAttachment status failed", "field", field)
 	}
 	c.recorder.Event(va, corev1.EventTypeWarning, reason, cause.Error())
 	return label
+}
+
+// liveVA reads va from the API server. It returns nil (and no error) when
+// the object is gone or is another object of the same name (then its state
+// is forgotten).
+func (c *Controller) liveVA(ctx context.Context, va *storagev1.VolumeAttachment) (*storagev1.VolumeAttachment, error) {
+	live, err := c.client.StorageV1().VolumeAttachments().Get(ctx, va.Name, metav1.GetOptions{})
+	c.api.Observe(err)
+	switch {
+	case apierrors.IsNotFound(err):
+		klog.FromContext(ctx).V(4).Info("VolumeAttachment is gone; its cached copy was stale")
+		c.forget(va.Name)
+		return nil, nil
+	case err != nil:
+		return nil, fmt.Errorf("read VolumeAttachment %q: %w", va.Name, err)
+	case live.UID != va.UID:
+		klog.FromContext(ctx).V(4).Info("VolumeAttachment was replaced by another of the same name; its cached copy was stale")
+		return nil, nil
+	}
+	return live, nil
 }
 
 // wakeBlockedBy queues, after va was detached, the VolumeAttachments whose

@@ -3,15 +3,34 @@ package csiclient
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 )
 
-// ControllerPublish calls ControllerPublishVolume, bounded by Config.Timeout,
+type timeoutKey struct{}
+
+// WithTimeout returns a copy of ctx under which ControllerPublish and
+// ControllerUnpublish wait up to d instead of Config.Timeout: a caller
+// gives more time to a volume whose previous call timed out.
+func WithTimeout(ctx context.Context, d time.Duration) context.Context {
+	return context.WithValue(ctx, timeoutKey{}, d)
+}
+
+// callTimeout is the timeout of a publish or unpublish under ctx.
+func (c *Client) callTimeout(ctx context.Context) time.Duration {
+	if d, ok := ctx.Value(timeoutKey{}).(time.Duration); ok && d > 0 {
+		return d
+	}
+	return c.cfg.Timeout
+}
+
+// ControllerPublish calls ControllerPublishVolume, bounded by Config.Timeout
+// (or the WithTimeout of ctx),
 // and returns the publish context. An error keeps its gRPC status (IsFinal
 // and Code see it). The request's secrets are never logged.
 func (c *Client) ControllerPublish(ctx context.Context, req *csi.ControllerPublishVolumeRequest) (map[string]string, error) {
-	ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
+	ctx, cancel := context.WithTimeout(ctx, c.callTimeout(ctx))
 	defer cancel()
 	rsp, err := c.controller.ControllerPublishVolume(ctx, req)
 	if err != nil {
@@ -21,9 +40,10 @@ func (c *Client) ControllerPublish(ctx context.Context, req *csi.ControllerPubli
 }
 
 // ControllerUnpublish calls ControllerUnpublishVolume, bounded by
-// Config.Timeout. An error keeps its gRPC status.
+// Config.Timeout (or the WithTimeout of ctx). An error keeps its gRPC
+// status.
 func (c *Client) ControllerUnpublish(ctx context.Context, req *csi.ControllerUnpublishVolumeRequest) error {
-	ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
+	ctx, cancel := context.WithTimeout(ctx, c.callTimeout(ctx))
 	defer cancel()
 	if _, err := c.controller.ControllerUnpublishVolume(ctx, req); err != nil {
 		return fmt.Errorf("ControllerUnpublishVolume: %w", err)
