@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"regexp"
 )
 
@@ -35,6 +36,13 @@ type Interface interface {
 	// Attach does not look for an existing device of the image: call Find
 	// first.
 	Attach(ctx context.Context, imagePath string, readOnly bool) (devPath string, err error)
+	// AttachFile is Attach of an image already opened (and checked) by the
+	// caller, read-write or read-only as readOnly says; imagePath only names
+	// it in errors. It is what the node plugin uses: the pool opens the
+	// image without following symlinks and checks the descriptor, and the
+	// device is bound to that very file, not to whatever the path names a
+	// moment later.
+	AttachFile(ctx context.Context, image *os.File, imagePath string, readOnly bool) (devPath string, err error)
 	// Find returns the device the image is attached to. ok is false, with a
 	// nil error, when the image is attached nowhere. A device whose backing
 	// file was deleted and replaced by another file at the same path does not

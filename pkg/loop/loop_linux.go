@@ -47,11 +47,23 @@ func (Devices) Attach(ctx context.Context, imagePath string, readOnly bool) (str
 		mode = os.O_RDONLY
 	}
 	// The kernel takes its own reference to the file; ours is closed on return.
-	backing, err := os.OpenFile(path, mode, 0)
+	backing, err := os.OpenFile(path, mode|unix.O_NOFOLLOW, 0)
 	if err != nil {
 		return "", fmt.Errorf("open image: %w", err)
 	}
 	defer backing.Close()
+	return Devices{}.AttachFile(ctx, backing, path, readOnly)
+}
+
+// AttachFile implements Interface.
+func (Devices) AttachFile(ctx context.Context, backing *os.File, path string, readOnly bool) (string, error) {
+	st, err := backing.Stat()
+	if err != nil {
+		return "", fmt.Errorf("image %s: %w", path, err)
+	}
+	if !st.Mode().IsRegular() {
+		return "", fmt.Errorf("image %s is not a regular file (%s)", path, st.Mode().Type())
+	}
 	ctl, err := os.OpenFile(controlPath, os.O_RDWR, 0)
 	if err != nil {
 		return "", fmt.Errorf("open %s: %w", controlPath, err)

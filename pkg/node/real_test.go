@@ -521,3 +521,48 @@ func deviceSize(t *testing.T, path string) int64 {
 	}
 	return size
 }
+
+// TestRealImageReplacedBySymlink: on a shared pool anyone who can write the
+// pool directory can put a symlink where an image was. NodeStage must not
+// follow it: nothing is attached to the file it points at, and that file is
+// not formatted; a hard link to a file elsewhere is refused the same way.
+func TestRealImageReplacedBySymlink(t *testing.T) {
+	for _, how := range []string{"symlink", "hardlink"} {
+		t.Run(how, func(t *testing.T) {
+			f := newRealFixture(t)
+			id := f.volumeOfSize("swapped", pool.AccessMount, "ext4", 64*mib, pool.Attachment{Node: testNode})
+			image := f.pool.ImagePath(id)
+			// A "host file" next to the pool (the test's own directory).
+			victim := filepath.Join(filepath.Dir(f.kubelet), "victim.img")
+			content := make([]byte, 64*mib)
+			copy(content, "precious host data")
+			if err := os.WriteFile(victim, content, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Remove(image); err != nil {
+				t.Fatal(err)
+			}
+			var err error
+			if how == "symlink" {
+				err = os.Symlink(victim, image)
+			} else {
+				err = os.Link(victim, image)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = f.srv.NodeStageVolume(f.ctx, f.stageReq(id, mountCap("ext4", snw)))
+			if err == nil {
+				t.Fatal("NodeStageVolume staged an image that is a " + how + " to a file outside the pool")
+			}
+			if devs := looptest.DevicesUnder(t, filepath.Dir(f.kubelet)); len(devs) > 0 {
+				t.Errorf("loop devices %v were attached for an image that is a %s", devs, how)
+			}
+			got, rerr := os.ReadFile(victim)
+			if rerr != nil || string(got[:18]) != "precious host data" {
+				t.Errorf("the file the %s points at was changed (%v)", how, rerr)
+			}
+			t.Logf("NodeStageVolume of a %s image: %v", how, err)
+		})
+	}
+}

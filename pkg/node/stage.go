@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"time"
 
@@ -150,11 +149,26 @@ func (n *node) ensureDevice(ctx context.Context, id pool.VolumeID, readOnly bool
 			logger.V(2).Info("Detached read-only loop device to attach it writable", "device", dev)
 		}
 	}
-	image := n.pools[id.Pool].ImagePath(id)
-	if _, err := os.Stat(image); errors.Is(err, fs.ErrNotExist) {
-		return "", kindf(pool.ErrCorrupt, "volume %s: its image %s is missing", id, image)
+	// The pool opens the image without following symlinks and checks the
+	// descriptor (a regular file of the pool's owner, one link): on a
+	// shared pool anyone who can write the directory could have put a
+	// symlink to a host device or file there. The loop device is bound to
+	// that descriptor, never to the path again.
+	p := n.pools[id.Pool]
+	image := p.ImagePath(id)
+	mode := os.O_RDWR
+	if readOnly {
+		mode = os.O_RDONLY
 	}
-	dev, err = n.Loop.Attach(ctx, image, readOnly)
+	f, err := p.OpenImage(id, mode)
+	switch {
+	case errors.Is(err, pool.ErrNotFound):
+		return "", kindf(pool.ErrCorrupt, "volume %s: its image %s is missing", id, image)
+	case err != nil:
+		return "", kindf(pool.ErrCorrupt, "volume %s: its image %s cannot be used: %v", id, image, err)
+	}
+	dev, err = n.Loop.AttachFile(ctx, f, image, readOnly)
+	f.Close() // the loop device holds its own reference
 	if err != nil {
 		return "", fmt.Errorf("volume %s: %w", id, err)
 	}

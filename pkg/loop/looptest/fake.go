@@ -72,6 +72,14 @@ func (f *Fake) Attach(ctx context.Context, imagePath string, readOnly bool) (str
 	return devPath, nil
 }
 
+// AttachFile implements loop.Interface: the fake attaches the file's name.
+func (f *Fake) AttachFile(ctx context.Context, image *os.File, imagePath string, readOnly bool) (string, error) {
+	if _, err := image.Stat(); err != nil {
+		return "", fmt.Errorf("image %s: %w", imagePath, err)
+	}
+	return f.Attach(ctx, imagePath, readOnly)
+}
+
 // Find implements loop.Interface.
 func (f *Fake) Find(imagePath string) (string, bool, error) {
 	f.mu.Lock()
