@@ -59,13 +59,20 @@ func (c *Config) Validate() error {
 	if c.BinDir == "" {
 		errs = append(errs, errors.New("BinDir is required"))
 	} else {
+		// The daemons run in Dir: relative paths would not resolve there.
+		if abs, err := filepath.Abs(c.BinDir); err == nil {
+			c.BinDir = abs
+		}
 		for _, b := range Binaries {
 			if _, err := os.Stat(filepath.Join(c.BinDir, b)); err != nil {
 				errs = append(errs, fmt.Errorf("binary %s (make cluster-tools builds it): %w", b, err))
 			}
 		}
 	}
-	for _, i := range c.Images {
+	for n, i := range c.Images {
+		if abs, err := filepath.Abs(i); err == nil {
+			c.Images[n] = abs
+		}
 		if _, err := os.Stat(i); err != nil {
 			errs = append(errs, fmt.Errorf("image archive (make images cluster-images builds it): %w", err))
 		}
