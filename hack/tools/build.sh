@@ -141,6 +141,9 @@ describe() {
 		# version from its embedded VERSION file.
 		tags="seccomp urfave_cli_no_docs"
 		cgo=1
+		if [[ ! -x $cache_root/runc-$version/runc ]] && ! pkg-config --exists libseccomp 2>/dev/null; then
+			die "runc needs libseccomp's headers and pkg-config: apt-get install libseccomp-dev pkg-config"
+		fi
 		cache_dir=$cache_root/runc-$version
 		eta="~1-2 minutes"
 		;;
