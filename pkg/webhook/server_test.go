@@ -1,0 +1,329 @@
+package webhook
+
+import (
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/json"
+	"encoding/pem"
+	"io"
+	"math/big"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	admissionv1 "k8s.io/api/admission/v1"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/klog/v2/ktesting"
+
+	"github.com/loopvol/loopvol/internal/kube"
+)
+
+func reviewBody(t *testing.T, req *admissionv1.AdmissionRequest) []byte {
+	t.Helper()
+	b, err := json.Marshal(admissionv1.AdmissionReview{
+		TypeMeta: metav1.TypeMeta{APIVersion: "admission.k8s.io/v1", Kind: "AdmissionReview"},
+		Request:  req,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func raw(t *testing.T, obj any) runtime.RawExtension {
+	t.Helper()
+	b, err := json.Marshal(obj)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return runtime.RawExtension{Raw: b}
+}
+
+func pvcRequest(t *testing.T, op admissionv1.Operation, obj, old any) *admissionv1.AdmissionRequest {
+	r := &admissionv1.AdmissionRequest{
+		UID: "u-1", Kind: metav1.GroupVersionKind{Version: "v1", Kind: "PersistentVolumeClaim"},
+		Operation: op, Namespace: "app", Name: "data", Object: raw(t, obj),
+	}
+	if old != nil {
+		r.OldObject = raw(t, old)
+	}
+	return r
+}
+
+func TestServeHTTP(t *testing.T) {
+	w := &Webhook{d: world(t, &fakeCSI{})}
+	for _, tc := range []struct {
+		name       string
+		method     string
+		body       []byte
+		code       int
+		wantText   string // in the plain-text body (errors)
+		allowed    bool
+		wantReason string
+	}{
+		{name: "valid claim", body: reviewBody(t, pvcRequest(t, admissionv1.Create, claim("lv", gi, ""), nil)), code: 200, allowed: true},
+		{name: "claim too large", body: reviewBody(t, pvcRequest(t, admissionv1.Create, claim("lv", 7*gi, ""), nil)), code: 200,
+			wantReason: "largest pool can hold 6Gi"},
+		{name: "expansion too large", body: reviewBody(t, pvcRequest(t, admissionv1.Update, claim("lv", 11*gi, "pv-a"), claim("lv", 2*gi, "pv-a"))), code: 200,
+			wantReason: "no pool of the volume's zone can hold the expansion"},
+		{name: "other kinds allowed", body: reviewBody(t, &admissionv1.AdmissionRequest{UID: "u-1", Kind: metav1.GroupVersionKind{Version: "v1", Kind: "Pod"}, Operation: admissionv1.Create, Object: raw(t, map[string]any{})}),
+			code: 200, allowed: true},
+		{name: "not JSON", body: []byte("{"), code: 400, wantText: "malformed AdmissionReview: not JSON"},
+		{name: "empty body", body: nil, code: 400, wantText: "malformed AdmissionReview"},
+		{name: "v1beta1", body: []byte(`{"apiVersion":"admission.k8s.io/v1beta1","kind":"AdmissionReview","request":{"uid":"x"}}`), code: 400, wantText: `apiVersion "admission.k8s.io/v1beta1"`},
+		{name: "no request", body: []byte(`{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"}`), code: 400, wantText: "no request"},
+		{name: "no uid", body: []byte(`{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{}}`), code: 400, wantText: "no uid"},
+		{name: "GET", method: http.MethodGet, code: 405, wantText: "POSTed"},
+		{name: "object not JSON", code: 200, wantReason: "PersistentVolumeClaim of the review: the object is not valid JSON",
+			body: []byte(`{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"u-1","kind":{"group":"","version":"v1","kind":"PersistentVolumeClaim"},"operation":"CREATE","object":"nope"}}`)},
+		{name: "object missing", code: 200, wantReason: "the object is missing",
+			body: []byte(`{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"u-1","kind":{"group":"","version":"v1","kind":"PersistentVolumeClaim"},"operation":"CREATE"}}`)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			method := tc.method
+			if method == "" {
+				method = http.MethodPost
+			}
+			rec := httptest.NewRecorder()
+			w.ServeHTTP(rec, httptest.NewRequest(method, Path, bytes.NewReader(tc.body)))
+			if rec.Code != tc.code {
+				t.Fatalf("status %d, want %d: %s", rec.Code, tc.code, rec.Body)
+			}
+			if tc.code != 200 {
+				if !strings.Contains(rec.Body.String(), tc.wantText) {
+					t.Fatalf("body %q lacks %q", rec.Body, tc.wantText)
+				}
+				return
+			}
+			var out admissionv1.AdmissionReview
+			if err := json.Unmarshal(rec.Body.Bytes(), &out); err != nil {
+				t.Fatal(err)
+			}
+			if out.APIVersion != "admission.k8s.io/v1" || out.Kind != "AdmissionReview" || out.Response == nil || out.Response.UID != "u-1" {
+				t.Fatalf("response %s", rec.Body)
+			}
+			if out.Response.Allowed != tc.allowed {
+				t.Fatalf("allowed %v, want %v: %s", out.Response.Allowed, tc.allowed, rec.Body)
+			}
+			if tc.wantReason != "" && (out.Response.Result == nil || !strings.Contains(out.Response.Result.Message, tc.wantReason)) {
+				t.Fatalf("result %+v lacks %q", out.Response.Result, tc.wantReason)
+			}
+		})
+	}
+}
+
+// writeCert writes a fresh CA and a serving certificate for 127.0.0.1
+// signed by it into dir, and returns the CA's PEM.
+func writeCert(t *testing.T, dir string) []byte {
+	t.Helper()
+	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: "test CA"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IsCA: true, BasicConstraintsValid: true,
+		KeyUsage: x509.KeyUsageCertSign}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caCert, _ := x509.ParseCertificate(caDER)
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(time.Now().UnixNano() + 1), Subject: pkix.Name{CommonName: "webhook"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IPAddresses: []net.IP{net.ParseIP("127.0.0.1")},
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, KeyUsage: x509.KeyUsageDigitalSignature}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, caCert, &key.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyDER, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER})
+	for name, data := range map[string][]byte{
+		KeyFile:  pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}),
+		CertFile: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
+		CAFile:   caPEM,
+	} {
+		if err := os.WriteFile(filepath.Join(dir, name), data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return caPEM
+}
+
+func freeAddress(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// TestRunRotatesCertificate serves over TLS, rotates the certificate files
+// to a new CA and checks that new connections get the new certificate
+// without a restart and that the configuration's caBundle follows, with
+// exactly one get and one patch of that one object per change.
+func TestRunRotatesCertificate(t *testing.T) {
+	_, ctx := ktesting.NewTestContext(t)
+	ctx, cancel := context.WithCancel(ctx)
+	dir := t.TempDir()
+	ca1 := writeCert(t, dir)
+	vwc := &admissionregistrationv1.ValidatingWebhookConfiguration{
+		ObjectMeta: metav1.ObjectMeta{Name: "loopvol-webhook"},
+		Webhooks:   []admissionregistrationv1.ValidatingWebhook{{Name: "pvc.loopvol.csi.io"}, {Name: "storageclass.loopvol.csi.io"}},
+	}
+	other := &admissionregistrationv1.ValidatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: "other"},
+		Webhooks: []admissionregistrationv1.ValidatingWebhook{{Name: "x.example.com"}}}
+	client := fake.NewClientset(vwc, other)
+	addr := freeAddress(t)
+	w, err := New(Config{
+		DriverName: testDriver, Informers: kube.NewInformers(client, 0), Namespace: "loopvol", CSI: &fakeCSI{},
+		Address: addr, CertDir: dir, ConfigName: "loopvol-webhook",
+		Configs: client.AdmissionregistrationV1().ValidatingWebhookConfigurations(), CertCheckInterval: 20 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.cfg.Informers.Start(ctx)
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+
+	post := func(ca []byte) error {
+		pool := x509.NewCertPool()
+		pool.AppendCertsFromPEM(ca)
+		c := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}, DisableKeepAlives: true}, Timeout: 5 * time.Second}
+		rsp, err := c.Post("https://"+addr+Path, "application/json", bytes.NewReader(reviewBody(t, pvcRequest(t, admissionv1.Create, claim("lv", gi, ""), nil))))
+		if err != nil {
+			return err
+		}
+		defer rsp.Body.Close()
+		body, _ := io.ReadAll(rsp.Body)
+		if rsp.StatusCode != 200 || !strings.Contains(string(body), `"allowed":true`) {
+			t.Fatalf("status %d: %s", rsp.StatusCode, body)
+		}
+		return nil
+	}
+	waitCA := func(ca []byte) {
+		t.Helper()
+		err := wait.PollUntilContextTimeout(ctx, 10*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+			got, err := client.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, "loopvol-webhook", metav1.GetOptions{})
+			if err != nil {
+				return false, err
+			}
+			for _, wh := range got.Webhooks {
+				if !bytes.Equal(wh.ClientConfig.CABundle, ca) {
+					return false, nil
+				}
+			}
+			return true, nil
+		})
+		if err != nil {
+			t.Fatalf("caBundle never became the CA: %v", err)
+		}
+	}
+	if err := wait.PollUntilContextTimeout(ctx, 10*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		return post(ca1) == nil, nil
+	}); err != nil {
+		t.Fatalf("never served with the first CA: %v", err)
+	}
+	waitCA(ca1)
+
+	ca2 := writeCert(t, dir)
+	if err := wait.PollUntilContextTimeout(ctx, 10*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		return post(ca2) == nil, nil
+	}); err != nil {
+		t.Fatalf("never served the rotated certificate: %v", err)
+	}
+	if err := post(ca1); err == nil {
+		t.Fatal("the old CA still verifies the served certificate after the rotation")
+	}
+	waitCA(ca2)
+
+	var patches int
+	for _, a := range client.Actions() {
+		if a.GetResource().Resource != "validatingwebhookconfigurations" {
+			continue
+		}
+		switch a.GetVerb() {
+		case "get":
+		case "patch":
+			patches++
+		default:
+			t.Errorf("unexpected %s of validatingwebhookconfigurations", a.GetVerb())
+		}
+		if n := a.(interface{ GetName() string }).GetName(); n != "loopvol-webhook" {
+			t.Errorf("%s of configuration %q: only loopvol-webhook may be touched", a.GetVerb(), n)
+		}
+	}
+	if patches != 2 {
+		t.Errorf("%d patches of the configuration, want 2 (one per CA)", patches)
+	}
+	if got, _ := client.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, "other", metav1.GetOptions{}); len(got.Webhooks[0].ClientConfig.CABundle) != 0 {
+		t.Error("another configuration's caBundle was changed")
+	}
+}
+
+func TestReloadKeepsOldPairOnBrokenFiles(t *testing.T) {
+	dir := t.TempDir()
+	writeCert(t, dir)
+	w := &Webhook{cfg: Config{CertDir: dir}}
+	if changed, err := w.reload(); err != nil || !changed {
+		t.Fatalf("first load: changed %v, %v", changed, err)
+	}
+	first := w.cert.Load()
+	if err := os.WriteFile(filepath.Join(dir, KeyFile), []byte("half-written"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.reload(); err == nil || !strings.Contains(err.Error(), "tls.crt, tls.key") {
+		t.Fatalf("broken key: %v", err)
+	}
+	if w.cert.Load() != first {
+		t.Fatal("a broken pair replaced the serving one")
+	}
+	if changed, err := w.reload(); err == nil || changed {
+		t.Fatalf("still broken: changed %v, %v", changed, err)
+	}
+}
+
+// BenchmarkServeHTTP is one review's cost in the handler: decoding,
+// deciding from the caches, encoding.
+func BenchmarkServeHTTP(b *testing.B) {
+	t := &testing.T{}
+	w := &Webhook{d: world(t, &fakeCSI{})}
+	body := reviewBody(t, pvcRequest(t, admissionv1.Create, claim("lv", 7*gi, ""), nil))
+	for b.Loop() {
+		rec := httptest.NewRecorder()
+		w.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, Path, bytes.NewReader(body)))
+		if rec.Code != 200 {
+			b.Fatal(rec.Code)
+		}
+	}
+}
