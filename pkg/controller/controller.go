@@ -11,8 +11,6 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/loopvol/loopvol/pkg/pool"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 )
 
 // TopologyKey is the accessible-topology key of loopvol: a pool serves the
@@ -118,11 +116,11 @@ func (s *Server) ControllerGetCapabilities(context.Context, *csi.ControllerGetCa
 func (s *Server) lookup(volumeID string) (*pool.Pool, pool.VolumeID, error) {
 	id, err := pool.ParseVolumeID(volumeID)
 	if err != nil {
-		return nil, id, status.Errorf(codes.NotFound, "volume %q does not exist: %v", volumeID, err)
+		return nil, id, kindf(errNotFound, "volume %q does not exist: %w", volumeID, err)
 	}
 	p, ok := s.pools[id.Pool]
 	if !ok {
-		return nil, id, status.Errorf(codes.NotFound, "volume %q does not exist: no pool %q", volumeID, id.Pool)
+		return nil, id, kindf(errNotFound, "volume %q does not exist: no pool %q", volumeID, id.Pool)
 	}
 	return p, id, nil
 }

@@ -9,19 +9,13 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/loopvol/loopvol/pkg/pool"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"k8s.io/klog/v2"
 )
 
-func outOfRange(format string, args ...any) error {
-	return status.Errorf(codes.OutOfRange, format, args...)
-}
-
-// CreateVolume makes a volume: validate, lock the name, find an existing
+// createVolume makes a volume: validate, lock the name, find an existing
 // volume of that name (same request → same answer, different → ALREADY_EXISTS),
 // else choose a pool by topology and parameters and create the image.
-func (s *Server) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest) (*csi.CreateVolumeResponse, error) {
+func (s *Server) createVolume(ctx context.Context, req *csi.CreateVolumeRequest) (*csi.CreateVolumeResponse, error) {
 	if err := validateName(req.GetName()); err != nil {
 		return nil, err
 	}
@@ -41,7 +35,7 @@ func (s *Server) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 	}
 	unlock, ok := s.names.tryLock(req.GetName())
 	if !ok {
-		return nil, status.Errorf(codes.Aborted, "a CreateVolume for %q is in progress", req.GetName())
+		return nil, kindf(errBusy, "a CreateVolume for %q is in progress", req.GetName())
 	}
 	defer unlock()
 	// Another controller process may serve the same pools: lock the name's
@@ -51,16 +45,16 @@ func (s *Server) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 	// an image another process returned is never replaced.
 	unlockAll, err := s.lockName(req.GetName())
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	defer unlockAll()
 
 	logger := klog.FromContext(ctx)
 	if p, v, err := s.findByName(req.GetName()); err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	} else if v != nil {
 		if err := compatible(v, req, shape); err != nil {
-			return nil, status.Errorf(codes.AlreadyExists, "volume %q exists as %s with other properties: %v", req.GetName(), v.ID, err)
+			return nil, kindf(errExists, "volume %q exists as %s with other properties: %v", req.GetName(), v.ID, err)
 		}
 		logger.V(4).Info("Volume exists already", "volumeID", v.ID)
 		return &csi.CreateVolumeResponse{Volume: s.csiVolume(p, v)}, nil
@@ -81,7 +75,7 @@ func (s *Server) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 		Parameters:  storedParameters(req.GetParameters()),
 	})
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	logger.V(2).Info("Created volume", "volumeID", v.ID, "pool", p.Name, "sizeBytes", v.SizeBytes)
 	return &csi.CreateVolumeResponse{Volume: s.csiVolume(p, v)}, nil
@@ -202,13 +196,13 @@ func (s *Server) choosePool(req *csi.CreateVolumeRequest, size int64) (*pool.Poo
 	case best != nil:
 		return best, nil
 	case lastErr != nil:
-		return nil, toStatus(lastErr)
+		return nil, lastErr
 	case total == 0:
-		return nil, status.Errorf(codes.ResourceExhausted, "no pool in the accessible topology %v can hold the volume", tr.GetRequisite())
+		return nil, kindf(errNoSpace, "no pool in the accessible topology %v can hold the volume", tr.GetRequisite())
 	case size > total:
 		return nil, outOfRange("%d bytes is larger than any pool's filesystem (%d bytes)", size, total)
 	default:
-		return nil, status.Errorf(codes.ResourceExhausted, "no pool has %d bytes available", size)
+		return nil, kindf(errNoSpace, "no pool has %d bytes available", size)
 	}
 }
 
@@ -220,7 +214,7 @@ func segmentMatches(t *csi.Topology, p *pool.Pool) bool {
 }
 
 // csiVolume describes a volume for a CreateVolume, ListVolumes or
-// ControllerGetVolume answer.
+// controllerGetVolume answer.
 func (s *Server) csiVolume(p *pool.Pool, v *pool.Volume) *csi.Volume {
 	return &csi.Volume{
 		VolumeId:           v.ID,
@@ -230,7 +224,7 @@ func (s *Server) csiVolume(p *pool.Pool, v *pool.Volume) *csi.Volume {
 	}
 }
 
-// DeleteVolume removes a volume that is attached nowhere. An unknown volume
+// deleteVolume removes a volume that is attached nowhere. An unknown volume
 // is already deleted: success. The record is read under the volume lock, so
 // the decision holds against another controller process on the pool.
 //
@@ -241,7 +235,7 @@ func (s *Server) csiVolume(p *pool.Pool, v *pool.Volume) *csi.Volume {
 // can have attached it); otherwise it refuses with FAILED_PRECONDITION and
 // says what to check and how to make the intent explicit (move the record
 // aside, then retry): lost data is worse than a stuck delete.
-func (s *Server) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequest) (*csi.DeleteVolumeResponse, error) {
+func (s *Server) deleteVolume(ctx context.Context, req *csi.DeleteVolumeRequest) (*csi.DeleteVolumeResponse, error) {
 	if req.GetVolumeId() == "" {
 		return nil, invalid("volume_id is required")
 	}
@@ -252,7 +246,7 @@ func (s *Server) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequest)
 	}
 	unlock, err := p.Lock(id)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	defer unlock()
 	logger := klog.FromContext(ctx)
@@ -262,7 +256,7 @@ func (s *Server) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequest)
 		// Finish a delete that crashed after removing the record, or
 		// clean up an image whose create never finished.
 		if err := p.DeleteVolume(id); err != nil {
-			return nil, toStatus(err)
+			return nil, err
 		}
 		return &csi.DeleteVolumeResponse{}, nil
 	case err != nil:
@@ -271,10 +265,10 @@ func (s *Server) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequest)
 		}
 		logger.Error(err, "Deleting a volume whose record is unreadable: no node serves its pool, so none can have it attached")
 	case len(v.Attachments) > 0:
-		return nil, status.Errorf(codes.FailedPrecondition, "volume %s is still attached to %s; ControllerUnpublishVolume it first", id, nodesOf(v))
+		return nil, kindf(errPrecondition, "volume %s is still attached to %s; ControllerUnpublishVolume it first", id, nodesOf(v))
 	}
 	if err := p.DeleteVolume(id); err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	logger.V(2).Info("Deleted volume", "pool", p.Name)
 	return &csi.DeleteVolumeResponse{}, nil
@@ -293,7 +287,7 @@ func unreadableDeletable(p *pool.Pool, id pool.VolumeID, readErr error) error {
 		served = fmt.Sprintf("the nodes of pool %s cannot be listed (%v)", p.Name, err)
 	}
 	record := p.Path + "/volumes/" + id.Hash + ".json"
-	return status.Errorf(codes.FailedPrecondition,
+	return kindf(errPrecondition,
 		"volume %s was not deleted: its record cannot be read (%v), so loopvol cannot tell whether it is attached, and %s and may have it staged. "+
 			"Check on each of them that no loop device uses %s (losetup -j %s), then move the record aside (mv %s %s.unreadable) and retry: DeleteVolume then removes the image",
 		id, readErr, served, p.ImagePath(id), p.ImagePath(id), record, record)

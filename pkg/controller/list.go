@@ -8,8 +8,6 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/loopvol/loopvol/pkg/pool"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"k8s.io/klog/v2"
 )
 
@@ -32,7 +30,7 @@ func (s *Server) allVolumeIDs() ([]pool.VolumeID, error) {
 func (s *Server) volumePage(token string, maxEntries int32) ([]pool.VolumeID, string, error) {
 	ids, err := s.allVolumeIDs()
 	if err != nil {
-		return nil, "", toStatus(err)
+		return nil, "", err
 	}
 	return page(ids, token, maxEntries)
 }
@@ -47,7 +45,7 @@ func page(ids []pool.VolumeID, token string, maxEntries int32) ([]pool.VolumeID,
 	start := 0
 	if token != "" {
 		if _, err := pool.ParseVolumeID(token); err != nil {
-			return nil, "", status.Errorf(codes.Aborted, "starting_token %q was not issued by loopvol", token)
+			return nil, "", kindf(errBusy, "starting_token %q was not issued by loopvol", token)
 		}
 		start = sort.Search(len(ids), func(i int) bool { return ids[i].String() > token })
 	}
@@ -58,10 +56,10 @@ func page(ids []pool.VolumeID, token string, maxEntries int32) ([]pool.VolumeID,
 	return ids, "", nil
 }
 
-// ListVolumes lists volumes with the nodes they are published to, a page at
+// listVolumes lists volumes with the nodes they are published to, a page at
 // a time. A volume whose record cannot be read (ControllerGetVolumeHealth
 // says why) is listed with its ID only; the rest are listed as usual.
-func (s *Server) ListVolumes(ctx context.Context, req *csi.ListVolumesRequest) (*csi.ListVolumesResponse, error) {
+func (s *Server) listVolumes(ctx context.Context, req *csi.ListVolumesRequest) (*csi.ListVolumesResponse, error) {
 	ids, next, err := s.volumePage(req.GetStartingToken(), req.GetMaxEntries())
 	if err != nil {
 		return nil, err
@@ -86,8 +84,8 @@ func (s *Server) ListVolumes(ctx context.Context, req *csi.ListVolumesRequest) (
 	return resp, nil
 }
 
-// ControllerGetVolume describes one volume and the nodes it is published to.
-func (s *Server) ControllerGetVolume(ctx context.Context, req *csi.ControllerGetVolumeRequest) (*csi.ControllerGetVolumeResponse, error) {
+// controllerGetVolume describes one volume and the nodes it is published to.
+func (s *Server) controllerGetVolume(ctx context.Context, req *csi.ControllerGetVolumeRequest) (*csi.ControllerGetVolumeResponse, error) {
 	if req.GetVolumeId() == "" {
 		return nil, invalid("volume_id is required")
 	}
@@ -97,7 +95,7 @@ func (s *Server) ControllerGetVolume(ctx context.Context, req *csi.ControllerGet
 	}
 	v, err := p.ReadVolume(id)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	return &csi.ControllerGetVolumeResponse{
 		Volume: s.csiVolume(p, v),
@@ -105,9 +103,9 @@ func (s *Server) ControllerGetVolume(ctx context.Context, req *csi.ControllerGet
 	}, nil
 }
 
-// ControllerGetVolumeHealth reports the volume condition: CSI 1.13 moved the
+// controllerGetVolumeHealth reports the volume condition: CSI 1.13 moved the
 // old volume_condition of ListVolumes and ControllerGetVolume here.
-func (s *Server) ControllerGetVolumeHealth(ctx context.Context, req *csi.ControllerGetVolumeHealthRequest) (*csi.ControllerGetVolumeHealthResponse, error) {
+func (s *Server) controllerGetVolumeHealth(ctx context.Context, req *csi.ControllerGetVolumeHealthRequest) (*csi.ControllerGetVolumeHealthResponse, error) {
 	if req.GetVolumeId() == "" {
 		return nil, invalid("volume_id is required")
 	}
@@ -117,15 +115,15 @@ func (s *Server) ControllerGetVolumeHealth(ctx context.Context, req *csi.Control
 	}
 	h, err := health(p, id)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	return &csi.ControllerGetVolumeHealthResponse{VolumeHealth: h}, nil
 }
 
-// ControllerListVolumeHealth reports the condition of every volume, paged as
+// controllerListVolumeHealth reports the condition of every volume, paged as
 // ListVolumes. One broken entry (a record that is a FIFO, a directory, too
 // large, unreadable) is reported in its own entry; it never fails the list.
-func (s *Server) ControllerListVolumeHealth(ctx context.Context, req *csi.ControllerListVolumeHealthRequest) (*csi.ControllerListVolumeHealthResponse, error) {
+func (s *Server) controllerListVolumeHealth(ctx context.Context, req *csi.ControllerListVolumeHealthRequest) (*csi.ControllerListVolumeHealthResponse, error) {
 	ids, next, err := s.volumePage(req.GetStartingToken(), req.GetMaxEntries())
 	if err != nil {
 		return nil, err

@@ -8,15 +8,13 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/loopvol/loopvol/pkg/pool"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"k8s.io/klog/v2"
 )
 
-// ControllerPublishVolume attaches a volume to a node by recording the
+// controllerPublishVolume attaches a volume to a node by recording the
 // attachment in the volume record. Node plugins stage only volumes attached
 // to them, so this is what fences a single-node volume to one node.
-func (s *Server) ControllerPublishVolume(ctx context.Context, req *csi.ControllerPublishVolumeRequest) (*csi.ControllerPublishVolumeResponse, error) {
+func (s *Server) controllerPublishVolume(ctx context.Context, req *csi.ControllerPublishVolumeRequest) (*csi.ControllerPublishVolumeResponse, error) {
 	switch {
 	case req.GetVolumeId() == "":
 		return nil, invalid("volume_id is required")
@@ -27,62 +25,56 @@ func (s *Server) ControllerPublishVolume(ctx context.Context, req *csi.Controlle
 	}
 	accessType, fsType, mode, err := validateCapability(req.GetVolumeCapability(), s.defaultFsType)
 	if err != nil {
-		return nil, invalid("volume_capability: %v", err)
+		return nil, invalid("volume_capability: %w", err)
 	}
-	p, id, err := s.lookup(req.GetVolumeId())
+	node, readOnly := req.GetNodeId(), req.GetReadonly()
+	var pubCtx map[string]string
+	err = s.withVolume(req.GetVolumeId(), func(p *pool.Pool, v *pool.Volume) error {
+		rec, err := p.ReadNode(node)
+		if errors.Is(err, pool.ErrNotFound) || errors.Is(err, pool.ErrInvalidID) {
+			return kindf(errNotFound, "node %q does not serve pool %s (no node plugin has registered it)", node, p.Name)
+		}
+		if err != nil {
+			return err
+		}
+		if v.AccessType != accessType || (accessType == pool.AccessMount && req.GetVolumeCapability().GetMount().GetFsType() != "" && v.FsType != fsType) {
+			return invalid("volume %s is a %s; it cannot be published as a %s", v.ID, describe(v.AccessType, v.FsType), describe(accessType, fsType))
+		}
+		pubCtx = map[string]string{ContextNode: node, ContextReadOnly: strconv.FormatBool(readOnly), ContextAccessType: v.AccessType}
+		if a, ok := v.AttachedTo(node); ok {
+			if a.ReadOnly != readOnly {
+				return kindf(errExists, "volume %s is attached to node %s with readonly=%t; detach it before publishing with readonly=%t", v.ID, node, a.ReadOnly, readOnly)
+			}
+			return nil
+		}
+		if err := checkSharing(v, mode, readOnly); err != nil {
+			return err
+		}
+		if rec.MaxVolumes > 0 {
+			// Lock order: the volume lock (held), then the node locks.
+			unlockNode, err := s.lockNode(ctx, node)
+			if err != nil {
+				return err
+			}
+			defer unlockNode()
+			n, err := s.countAttachments(node)
+			if err != nil {
+				return err
+			}
+			if int64(n) >= rec.MaxVolumes {
+				return kindf(errNoSpace, "node %s has %d volumes attached, its limit", node, n)
+			}
+		}
+		v.Attachments = append(v.Attachments, pool.Attachment{Node: node, ReadOnly: readOnly})
+		if err := p.WriteVolume(v); err != nil {
+			return err
+		}
+		klog.FromContext(ctx).V(2).Info("Attached volume", "node", node, "readOnly", readOnly)
+		return nil
+	})
 	if err != nil {
 		return nil, err
 	}
-	node := req.GetNodeId()
-	rec, err := p.ReadNode(node)
-	if errors.Is(err, pool.ErrNotFound) || errors.Is(err, pool.ErrInvalidID) {
-		return nil, status.Errorf(codes.NotFound, "node %q does not serve pool %s (no node plugin has registered it)", node, p.Name)
-	}
-	if err != nil {
-		return nil, toStatus(err)
-	}
-	unlock, err := p.Lock(id)
-	if err != nil {
-		return nil, toStatus(err)
-	}
-	defer unlock()
-	v, err := p.ReadVolume(id)
-	if err != nil {
-		return nil, toStatus(err)
-	}
-	if v.AccessType != accessType || (accessType == pool.AccessMount && req.GetVolumeCapability().GetMount().GetFsType() != "" && v.FsType != fsType) {
-		return nil, invalid("volume %s is a %s; it cannot be published as a %s", id, describe(v.AccessType, v.FsType), describe(accessType, fsType))
-	}
-	readOnly := req.GetReadonly()
-	pubCtx := map[string]string{ContextNode: node, ContextReadOnly: strconv.FormatBool(readOnly), ContextAccessType: v.AccessType}
-	if a, ok := v.AttachedTo(node); ok {
-		if a.ReadOnly != readOnly {
-			return nil, status.Errorf(codes.AlreadyExists, "volume %s is attached to node %s with readonly=%t; detach it before publishing with readonly=%t", id, node, a.ReadOnly, readOnly)
-		}
-		return &csi.ControllerPublishVolumeResponse{PublishContext: pubCtx}, nil
-	}
-	if err := checkSharing(v, mode, readOnly); err != nil {
-		return nil, err
-	}
-	if rec.MaxVolumes > 0 {
-		unlockNode, err := s.lockNode(ctx, node)
-		if err != nil {
-			return nil, toStatus(err)
-		}
-		defer unlockNode()
-		n, err := s.countAttachments(node)
-		if err != nil {
-			return nil, toStatus(err)
-		}
-		if int64(n) >= rec.MaxVolumes {
-			return nil, status.Errorf(codes.ResourceExhausted, "node %s has %d volumes attached, its limit", node, n)
-		}
-	}
-	v.Attachments = append(v.Attachments, pool.Attachment{Node: node, ReadOnly: readOnly})
-	if err := p.WriteVolume(v); err != nil {
-		return nil, toStatus(err)
-	}
-	klog.FromContext(ctx).V(2).Info("Attached volume", "node", node, "readOnly", readOnly)
 	return &csi.ControllerPublishVolumeResponse{PublishContext: pubCtx}, nil
 }
 
@@ -106,15 +98,15 @@ func checkSharing(v *pool.Volume, mode string, readOnly bool) error {
 	switch csi.VolumeCapability_AccessMode_Mode(csi.VolumeCapability_AccessMode_Mode_value[mode]) {
 	case csi.VolumeCapability_AccessMode_MULTI_NODE_READER_ONLY:
 		if !readOnly || slices.ContainsFunc(v.Attachments, func(a pool.Attachment) bool { return !a.ReadOnly }) {
-			return status.Errorf(codes.FailedPrecondition, "volume %s is attached to %v; MULTI_NODE_READER_ONLY shares it only read-only", v.ID, others)
+			return kindf(errPrecondition, "volume %s is attached to %v; MULTI_NODE_READER_ONLY shares it only read-only", v.ID, others)
 		}
 	case csi.VolumeCapability_AccessMode_MULTI_NODE_SINGLE_WRITER:
 		if !readOnly && slices.ContainsFunc(v.Attachments, func(a pool.Attachment) bool { return !a.ReadOnly }) {
-			return status.Errorf(codes.FailedPrecondition, "volume %s already has a writer among %v; MULTI_NODE_SINGLE_WRITER allows one", v.ID, others)
+			return kindf(errPrecondition, "volume %s already has a writer among %v; MULTI_NODE_SINGLE_WRITER allows one", v.ID, others)
 		}
 	case csi.VolumeCapability_AccessMode_MULTI_NODE_MULTI_WRITER:
 	default:
-		return status.Errorf(codes.FailedPrecondition, "volume %s is attached to node %v; %s allows a single node", v.ID, others, mode)
+		return kindf(errPrecondition, "volume %s is attached to node %v; %s allows a single node", v.ID, others, mode)
 	}
 	return nil
 }
@@ -164,10 +156,10 @@ func (s *Server) countAttachments(node string) (int, error) {
 	return total, nil
 }
 
-// ControllerUnpublishVolume removes the volume's attachment to a node (to all
+// controllerUnpublishVolume removes the volume's attachment to a node (to all
 // nodes when node_id is empty). A volume or attachment that does not exist is
 // already unpublished: success.
-func (s *Server) ControllerUnpublishVolume(ctx context.Context, req *csi.ControllerUnpublishVolumeRequest) (*csi.ControllerUnpublishVolumeResponse, error) {
+func (s *Server) controllerUnpublishVolume(ctx context.Context, req *csi.ControllerUnpublishVolumeRequest) (*csi.ControllerUnpublishVolumeResponse, error) {
 	if req.GetVolumeId() == "" {
 		return nil, invalid("volume_id is required")
 	}
@@ -177,7 +169,7 @@ func (s *Server) ControllerUnpublishVolume(ctx context.Context, req *csi.Control
 	}
 	unlock, err := p.Lock(id)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	defer unlock()
 	v, err := p.ReadVolume(id)
@@ -185,7 +177,7 @@ func (s *Server) ControllerUnpublishVolume(ctx context.Context, req *csi.Control
 		return &csi.ControllerUnpublishVolumeResponse{}, nil
 	}
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	kept := slices.DeleteFunc(slices.Clone(v.Attachments), func(a pool.Attachment) bool {
 		return req.GetNodeId() == "" || a.Node == req.GetNodeId()
@@ -195,14 +187,14 @@ func (s *Server) ControllerUnpublishVolume(ctx context.Context, req *csi.Control
 	}
 	v.Attachments = kept
 	if err := p.WriteVolume(v); err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	klog.FromContext(ctx).V(2).Info("Detached volume", "node", req.GetNodeId())
 	return &csi.ControllerUnpublishVolumeResponse{}, nil
 }
 
-// ValidateVolumeCapabilities confirms the capabilities a volume can serve.
-func (s *Server) ValidateVolumeCapabilities(ctx context.Context, req *csi.ValidateVolumeCapabilitiesRequest) (*csi.ValidateVolumeCapabilitiesResponse, error) {
+// validateVolumeCapabilities confirms the capabilities a volume can serve.
+func (s *Server) validateVolumeCapabilities(ctx context.Context, req *csi.ValidateVolumeCapabilitiesRequest) (*csi.ValidateVolumeCapabilitiesResponse, error) {
 	if req.GetVolumeId() == "" {
 		return nil, invalid("volume_id is required")
 	}
@@ -215,7 +207,7 @@ func (s *Server) ValidateVolumeCapabilities(ctx context.Context, req *csi.Valida
 	}
 	v, err := p.ReadVolume(id)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	if err := validateParameters(req.GetParameters()); err != nil {
 		return &csi.ValidateVolumeCapabilitiesResponse{Message: err.Error()}, nil
@@ -229,7 +221,7 @@ func (s *Server) ValidateVolumeCapabilities(ctx context.Context, req *csi.Valida
 			return &csi.ValidateVolumeCapabilitiesResponse{Message: "volume " + v.ID + " is a " + describe(v.AccessType, v.FsType) + ", not a " + describe(accessType, fsType)}, nil
 		}
 		if err := checkSharing(&pool.Volume{ID: v.ID, AccessModes: v.AccessModes}, mode, false); err != nil {
-			return &csi.ValidateVolumeCapabilitiesResponse{Message: status.Convert(err).Message()}, nil
+			return &csi.ValidateVolumeCapabilitiesResponse{Message: err.Error()}, nil
 		}
 	}
 	return &csi.ValidateVolumeCapabilitiesResponse{Confirmed: &csi.ValidateVolumeCapabilitiesResponse_Confirmed{

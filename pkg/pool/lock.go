@@ -24,30 +24,60 @@ func (p *Pool) Lock(id VolumeID) (Unlock, error) {
 	if err := p.own(id); err != nil {
 		return nil, err
 	}
-	v, _ := p.locks.LoadOrStore(id.Hash, &sync.Mutex{})
-	mu := v.(*sync.Mutex)
-	if !mu.TryLock() {
-		return nil, fmt.Errorf("volume %s: %w", id, ErrBusy)
+	return p.lockStem(id.Hash, "volume "+id.String())
+}
+
+// lockStem takes the lock of the volume or snapshot whose files are
+// stem.img, stem.json and stem.lock, without waiting (see Lock); what names
+// it in errors.
+func (p *Pool) lockStem(stem, what string) (Unlock, error) {
+	if !p.held.tryAdd(stem) {
+		return nil, fmt.Errorf("%s: %w", what, ErrBusy)
 	}
-	f, err := p.flock(p.vols, lockName(id))
+	f, err := p.flock(p.vols, stem+lockSuffix)
 	if errors.Is(err, ErrBusy) {
-		err = fmt.Errorf("volume %s is locked by another process: %w", id, err)
+		err = fmt.Errorf("%s is locked by another process: %w", what, err)
 	}
 	if err != nil {
-		mu.Unlock()
+		p.held.remove(stem)
 		return nil, err
 	}
 	return func() {
 		// A volume with neither record nor image (a lookup of a name that
 		// does not exist, a lock taken in a pool the volume did not go
 		// to) keeps no lock file: remove it while still holding it.
-		if !p.exists(recordName(id)) && !p.exists(imageName(id)) {
-			p.removeLockFile(id)
+		if !p.exists(stem+recordSuffix) && !p.exists(stem+imageSuffix) {
+			p.vols.remove(stem + lockSuffix)
 		}
 		unix.Flock(int(f.Fd()), unix.LOCK_UN)
 		f.Close()
-		mu.Unlock()
+		p.held.remove(stem)
 	}, nil
+}
+
+// heldSet is a set of try-locks by key that holds only the keys locked now.
+type heldSet struct {
+	mu   sync.Mutex
+	keys map[string]bool
+}
+
+func (h *heldSet) tryAdd(key string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.keys[key] {
+		return false
+	}
+	if h.keys == nil {
+		h.keys = map[string]bool{}
+	}
+	h.keys[key] = true
+	return true
+}
+
+func (h *heldSet) remove(key string) {
+	h.mu.Lock()
+	delete(h.keys, key)
+	h.mu.Unlock()
 }
 
 // exists reports whether volumes/name is present (whatever it is).

@@ -3,6 +3,7 @@ package pool
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -87,5 +88,24 @@ func BenchmarkLockNode(b *testing.B) {
 			b.Fatal(err)
 		}
 		unlock()
+	}
+}
+
+// The in-process lock set holds only what is locked now: it does not grow
+// with every ID ever locked.
+func TestLockSetDoesNotGrow(t *testing.T) {
+	p := newTestPool(t)
+	for i := range 100 {
+		unlock, err := p.Lock(DeriveVolumeID(p.Name, fmt.Sprint("v", i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		unlock()
+	}
+	p.held.mu.Lock()
+	n := len(p.held.keys)
+	p.held.mu.Unlock()
+	if n != 0 {
+		t.Fatalf("%d keys held after every lock was released", n)
 	}
 }

@@ -49,7 +49,10 @@ type Pool struct {
 	// relative to them (fs.go).
 	root, vols, nodes *dir
 
-	locks sync.Map // volume hash → *sync.Mutex: the in-process half of the volume lock
+	// held is the in-process half of the volume and snapshot locks: the
+	// keys (file stems) locked now. A key leaves it on unlock, so it holds
+	// only what is locked at the moment, never every ID ever seen.
+	held heldSet
 	// capacity is the in-process half of the pool lock that makes a
 	// capacity decision and its allocation one step (lock.go).
 	capacity chan struct{}
