@@ -43,9 +43,10 @@ const (
 	controllerCapacity  = "capacity"
 	controllerRegistrar = "registrar"
 	controllerResizer   = "resizer"
+	controllerWebhook   = "webhook"
 )
 
-var knownControllers = []string{controllerAttach, controllerCapacity, controllerRegistrar, controllerResizer}
+var knownControllers = []string{controllerAttach, controllerCapacity, controllerRegistrar, controllerResizer, controllerWebhook}
 
 // config holds every flag.
 type config struct {
@@ -84,6 +85,7 @@ type config struct {
 	capacity  capacityConfig
 	registrar registrarConfig
 	resizer   resizerConfig
+	webhook   webhookConfig
 
 	// Flags of the upstream sidecars, accepted so that their manifests run
 	// unchanged (compat.go).
@@ -210,7 +212,7 @@ func newFlagSet(cfg *config, getenv func(string) string) (*flag.FlagSet, *string
 	fs.StringVar(&cfg.csiAddress, "csi-address", "/run/csi/socket", "Address of the CSI driver socket (a path or unix:// URL). The sidecar waits for it to appear, and waits again if it goes away, instead of exiting.")
 	fs.StringVar(&cfg.kubeconfig, "kubeconfig", "", "Path to a kubeconfig file. Needed only outside a cluster; empty means the in-cluster service account.")
 	fs.StringVar(&controllers, "controllers", controllers, "Comma-separated controllers to run: "+strings.Join(knownControllers, ", ")+
-		". attach replaces external-attacher, capacity the CSIStorageCapacity controller of external-provisioner, registrar node-driver-registrar, resizer external-resizer. "+
+		". attach replaces external-attacher, capacity the CSIStorageCapacity controller of external-provisioner, registrar node-driver-registrar, resizer external-resizer, webhook the validating admission webhook (docs/webhook.md). "+
 		"Default attach, or registrar when --kubelet-registration-path is given (a node-driver-registrar manifest).")
 	fs.UintVar(&cfg.workerThreads, "worker-threads", 32,
 		"Workers of the attach queue and, separately, of the detach queue, so a burst of detaches never starves attaches (the PersistentVolume queue gets a quarter); also the resizer's workers. "+
@@ -246,6 +248,7 @@ func newFlagSet(cfg *config, getenv func(string) string) (*flag.FlagSet, *string
 	cfg.capacity.addFlags(fs)
 	cfg.registrar.addFlags(fs)
 	cfg.resizer.addFlags(fs)
+	cfg.webhook.addFlags(fs)
 	cfg.compat.addFlags(fs)
 	logsapi.AddGoFlags(cfg.logging, fs)
 	return fs, &controllers
@@ -312,6 +315,11 @@ func (c *config) validate() error {
 	}
 	if c.runs(controllerResizer) {
 		if err := c.resizer.validate(c); err != nil {
+			return err
+		}
+	}
+	if c.runs(controllerWebhook) {
+		if err := c.webhook.validate(c); err != nil {
 			return err
 		}
 	}

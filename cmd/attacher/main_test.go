@@ -31,6 +31,7 @@ func TestParseFlagsDefaults(t *testing.T) {
 	got.logging = nil
 	got.compat = compatFlags{}
 	got.capacity, got.registrar, got.resizer = capacityConfig{}, registrarConfig{}, resizerConfig{}
+	got.webhook = webhookConfig{}
 	want := config{
 		csiAddress:                  "/run/csi/socket",
 		controllers:                 []string{"attach"},
@@ -49,7 +50,7 @@ func TestParseFlagsDefaults(t *testing.T) {
 		leaderElectionRetryPeriod:   5 * time.Second,
 		metricsPath:                 "/metrics",
 	}
-	if d := cmp.Diff(want, got, cmp.AllowUnexported(config{}, compatFlags{}, featureGates{}, capacityConfig{}, registrarConfig{}, resizerConfig{})); d != "" {
+	if d := cmp.Diff(want, got, cmp.AllowUnexported(config{}, compatFlags{}, featureGates{}, capacityConfig{}, registrarConfig{}, resizerConfig{}, webhookConfig{})); d != "" {
 		t.Errorf("defaults (-want +got):\n%s", d)
 	}
 }

@@ -199,6 +199,7 @@ func buildControllers(d *deps) ([]runner, error) {
 		controllerCapacity:  buildCapacity,
 		controllerRegistrar: buildRegistrar,
 		controllerResizer:   buildResizer,
+		controllerWebhook:   buildWebhook,
 	}
 	var out []runner
 	for _, name := range d.cfg.controllers {
