@@ -207,6 +207,7 @@ func (a *admissionRig) load() {
 		}
 	}
 
+	var webhookObjects []string
 	for _, file := range kust.Resources {
 		data, err := os.ReadFile(filepath.Join(dir, file))
 		if err != nil {
@@ -239,11 +240,24 @@ func (a *admissionRig) load() {
 					t.Fatalf("%s: %v", file, err)
 				}
 				a.bindings = append(a.bindings, &b)
+			case "ValidatingWebhookConfiguration":
+				// The webhook's (webhook_test.go tests it).
+				var w admissionv1.ValidatingWebhookConfiguration
+				if err := yaml.UnmarshalStrict(doc, &w); err != nil {
+					t.Fatalf("%s: %v", file, err)
+				}
+				webhookObjects = append(webhookObjects, head.Kind+" /"+w.Name)
+			case "Service":
+				var svc corev1.Service
+				if err := yaml.UnmarshalStrict(doc, &svc); err != nil {
+					t.Fatalf("%s: %v", file, err)
+				}
+				webhookObjects = append(webhookObjects, head.Kind+" "+svc.Namespace+"/"+svc.Name)
 			case "":
 			default:
 				t.Fatalf("%s: unexpected kind %q (apiVersion %s)", file, head.Kind, head.APIVersion)
 			}
-			if head.Kind != "" && head.Kind != "ConfigMap" && head.APIVersion != "admissionregistration.k8s.io/v1" {
+			if head.Kind != "" && head.Kind != "ConfigMap" && head.Kind != "Service" && head.APIVersion != "admissionregistration.k8s.io/v1" {
 				t.Errorf("%s: %s uses %s; loopvol ships only the GA admissionregistration.k8s.io/v1", file, head.Kind, head.APIVersion)
 			}
 		}
@@ -260,7 +274,7 @@ func (a *admissionRig) load() {
 	for _, r := range res.Resources() {
 		rendered = append(rendered, r.GetKind()+" "+r.GetNamespace()+"/"+r.GetName())
 	}
-	var files []string
+	files := webhookObjects
 	if a.params != nil {
 		files = append(files, "ConfigMap "+a.params.Namespace+"/"+a.params.Name)
 	}
