@@ -55,6 +55,8 @@ type Server struct {
 	// pool chosen, so the per-volume lock alone cannot stop two calls with one
 	// name from creating it in two pools.
 	names keyedLock
+	// snapNames does the same for CreateSnapshot.
+	snapNames keyedLock
 
 	orphanGrace   time.Duration
 	sweepInterval time.Duration
@@ -99,6 +101,10 @@ var controllerCaps = []csi.ControllerServiceCapability_RPC_Type{
 	csi.ControllerServiceCapability_RPC_GET_CAPACITY,
 	csi.ControllerServiceCapability_RPC_EXPAND_VOLUME,
 	csi.ControllerServiceCapability_RPC_SINGLE_NODE_MULTI_WRITER,
+	csi.ControllerServiceCapability_RPC_CREATE_DELETE_SNAPSHOT,
+	csi.ControllerServiceCapability_RPC_LIST_SNAPSHOTS,
+	csi.ControllerServiceCapability_RPC_GET_SNAPSHOT,
+	csi.ControllerServiceCapability_RPC_CLONE_VOLUME,
 }
 
 // ControllerGetCapabilities lists what the Controller service does.

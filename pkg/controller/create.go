@@ -26,12 +26,20 @@ func (s *Server) createVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 	if err := validateParameters(req.GetParameters()); err != nil {
 		return nil, err
 	}
-	if req.GetVolumeContentSource() != nil {
-		return nil, invalid("volume_content_source is not supported: loopvol does not clone or restore snapshots")
-	}
 	size, err := requestedSize(req.GetCapacityRange(), shape.accessType, shape.fsType)
 	if err != nil {
 		return nil, err
+	}
+	// Lock order: the source (snapshot or volume) before the new volume.
+	src, err := s.lockSource(req, shape)
+	if err != nil {
+		return nil, err
+	}
+	if src != nil {
+		defer src.unlock()
+		if size, err = sourcedSize(req.GetCapacityRange(), size, src.spec.SizeBytes); err != nil {
+			return nil, err
+		}
 	}
 	unlock, ok := s.names.tryLock(req.GetName())
 	if !ok {
@@ -53,15 +61,17 @@ func (s *Server) createVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 	if p, v, err := s.findByName(req.GetName()); err != nil {
 		return nil, err
 	} else if v != nil {
-		if err := compatible(v, req, shape); err != nil {
+		if err := compatible(v, req, shape, src); err != nil {
 			return nil, kindf(errExists, "volume %q exists as %s with other properties: %v", req.GetName(), v.ID, err)
 		}
 		logger.V(4).Info("Volume exists already", "volumeID", v.ID)
 		return &csi.CreateVolumeResponse{Volume: s.csiVolume(p, v)}, nil
 	}
 
-	p, err := s.choosePool(req, size)
-	if err != nil {
+	var p *pool.Pool
+	if src != nil {
+		p = src.pool
+	} else if p, err = s.choosePool(req, size); err != nil {
 		return nil, err
 	}
 	// The pool re-checks the space under its pool lock, with the
@@ -73,6 +83,7 @@ func (s *Server) createVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 		FsType:      shape.fsType,
 		AccessModes: shape.modes,
 		Parameters:  storedParameters(req.GetParameters()),
+		Source:      src.poolSource(),
 	})
 	if err != nil {
 		return nil, err
@@ -123,7 +134,10 @@ func (s *Server) findByName(name string) (*pool.Pool, *pool.Volume, error) {
 }
 
 // compatible says why an existing volume does not satisfy req, or nil.
-func compatible(v *pool.Volume, req *csi.CreateVolumeRequest, shape volumeShape) error {
+func compatible(v *pool.Volume, req *csi.CreateVolumeRequest, shape volumeShape, src *source) error {
+	if want := src.id(); v.Source != want {
+		return fmt.Errorf("it was made from %q, the request asks for %q", v.Source, want)
+	}
 	r := req.GetCapacityRange()
 	if v.SizeBytes < r.GetRequiredBytes() {
 		return fmt.Errorf("its size %d is below required_bytes %d", v.SizeBytes, r.GetRequiredBytes())
@@ -217,6 +231,7 @@ func segmentMatches(t *csi.Topology, p *pool.Pool) bool {
 // controllerGetVolume answer.
 func (s *Server) csiVolume(p *pool.Pool, v *pool.Volume) *csi.Volume {
 	return &csi.Volume{
+		ContentSource:      contentSource(v.Source),
 		VolumeId:           v.ID,
 		CapacityBytes:      v.SizeBytes,
 		VolumeContext:      map[string]string{ContextPool: p.Name, ContextAccessType: v.AccessType},

@@ -79,7 +79,10 @@ func (p *Pool) countImages(u *Usage) error {
 		if err != nil || st.Mode&unix.S_IFMT != unix.S_IFREG {
 			continue // deleted meanwhile, or not an image
 		}
-		if unallocated := st.Size - st.Blocks*512; unallocated > 0 {
+		// A snapshot's image is never written: its holes promise nothing.
+		// Its data blocks, its own (copy) or shared with its volume
+		// (reflink), are what statfs already counts.
+		if unallocated := st.Size - st.Blocks*512; unallocated > 0 && !strings.HasPrefix(name, snapPrefix) {
 			u.PromisedBytes += unallocated
 		}
 		if !records[hash] {

@@ -35,6 +35,9 @@ type Volume struct {
 	Parameters  map[string]string `json:"parameters,omitempty"`
 	Created     time.Time         `json:"created"`
 	Attachments []Attachment      `json:"attachments"`
+	// Source is the ID of the snapshot or volume this volume was made
+	// from, if any.
+	Source string `json:"source,omitempty"`
 	// Generation counts the writes of this record.
 	Generation int64 `json:"generation"`
 }
@@ -57,6 +60,29 @@ type VolumeSpec struct {
 	FsType      string
 	AccessModes []string
 	Parameters  map[string]string
+	// Source, if set, is what the new image starts as: a snapshot or a
+	// volume of this pool, whose lock the caller holds.
+	Source *Source
+}
+
+// Source is the snapshot or volume a new volume is made from.
+type Source struct {
+	// ID is a snapshot ID or a volume ID of the pool.
+	ID string
+	// SizeBytes is the source's size; the new volume is at least as large.
+	SizeBytes int64
+}
+
+// sourceStem returns the file stem of the source's image.
+func (p *Pool) sourceStem(src *Source) (string, error) {
+	if sid, err := ParseSnapshotID(src.ID); err == nil {
+		return sid.stem(), p.ownSnapshot(sid)
+	}
+	vid, err := ParseVolumeID(src.ID)
+	if err != nil {
+		return "", err
+	}
+	return vid.Hash, p.own(vid)
 }
 
 // ReadVolume reads a volume's record. A volume without a record wraps
@@ -99,8 +125,21 @@ func (p *Pool) CreateVolume(spec VolumeSpec) (*Volume, error) {
 	if err := p.vols.remove(imageName(id)); err != nil {
 		return nil, fmt.Errorf("remove unfinished image: %w", err)
 	}
-	if err := p.allocate(id, spec.SizeBytes); err != nil {
-		return nil, err
+	if spec.Source == nil {
+		if err := p.allocate(id, spec.SizeBytes); err != nil {
+			return nil, err
+		}
+	} else {
+		stem, err := p.sourceStem(spec.Source)
+		if err != nil {
+			return nil, err
+		}
+		if spec.Source.SizeBytes > spec.SizeBytes {
+			return nil, fmt.Errorf("volume size %d is below its source's %d", spec.SizeBytes, spec.Source.SizeBytes)
+		}
+		if _, err := p.copyImage(id.Hash, stem, spec.Source.SizeBytes, spec.SizeBytes, nil); err != nil {
+			return nil, err
+		}
 	}
 	v := &Volume{
 		ID:          id.String(),
@@ -112,6 +151,9 @@ func (p *Pool) CreateVolume(spec VolumeSpec) (*Volume, error) {
 		Parameters:  spec.Parameters,
 		Created:     time.Now().UTC().Truncate(time.Second),
 		Attachments: []Attachment{},
+	}
+	if spec.Source != nil {
+		v.Source = spec.Source.ID
 	}
 	if err := p.WriteVolume(v); err != nil {
 		p.vols.remove(imageName(id))

@@ -40,7 +40,7 @@ func TestSanity(t *testing.T) {
 	driverproc.Binary(t) // build once, before the children need it
 	for _, shape := range []string{"ext4", "xfs", "block"} {
 		t.Run(shape, func(t *testing.T) {
-			cmd := exec.Command(os.Args[0], "-test.run=^TestSanityShape$", "-test.v")
+			cmd := exec.Command(os.Args[0], "-test.run=^TestSanityShape$", "-test.v", "-ginkgo.skip="+upstreamBroken)
 			cmd.Env = append(os.Environ(), contextEnv+"="+shape)
 			out, err := cmd.CombinedOutput()
 			summary := ""
@@ -60,6 +60,10 @@ func TestSanity(t *testing.T) {
 		})
 	}
 }
+
+// upstreamBroken is the one csi-sanity spec that no driver reporting a
+// snapshot's topology can pass; see whyNotApplicable.
+const upstreamBroken = "should succeed when creating a snapshot with accessibility requirements"
 
 // TestSanityShape is the child: one csi-sanity run against one driver.
 func TestSanityShape(t *testing.T) {
@@ -127,8 +131,11 @@ var _ = ginkgo.ReportAfterSuite("loopvol sanity summary", func(r ginkgo.Report) 
 		case types.SpecStateSkipped, types.SpecStatePending:
 			skipped++
 			msg := s.Failure.Message
-			if s.State == types.SpecStatePending {
+			switch {
+			case s.State == types.SpecStatePending:
 				msg = "pending in csi-sanity itself"
+			case strings.Contains(s.LeafNodeText, upstreamBroken):
+				msg = "upstream-broken: " + s.LeafNodeText
 			}
 			reasons[msg]++
 		default:
@@ -161,14 +168,15 @@ func lastLines(s string, n int) string {
 func whyNotApplicable(skipMessage string) string {
 	m := strings.ToLower(skipMessage)
 	switch {
-	case strings.Contains(m, "snapshot"):
-		return "loopvol offers no snapshots (no CREATE_DELETE_SNAPSHOT / LIST_SNAPSHOTS / GET_SNAPSHOT capability)"
+	case strings.HasPrefix(m, "upstream-broken"):
+		return "skipped with -ginkgo.skip: the spec compares the returned topology with the requested one by reflect.DeepEqual " +
+			"(gomega Equal) on protobuf messages; the requested one was marshalled and carries a size cache, the returned one does not, " +
+			"so it fails for any driver that reports where its snapshot is (the spec's own check, every returned topology is a requisite one, " +
+			"is tested with proto.Equal in pkg/controller TestSnapshotTopology)"
 	case strings.Contains(m, "modify"):
 		return "loopvol has no mutable parameters (no MODIFY_VOLUME capability)"
 	case strings.Contains(m, "group"):
 		return "loopvol has no group controller service"
-	case strings.Contains(m, "cloning"):
-		return "loopvol does not clone volumes (no CLONE_VOLUME capability)"
 	case strings.Contains(m, "storagehealth"):
 		return "loopvol reports per-volume health, not node storage health (no GET_STORAGE_HEALTH capability)"
 	case strings.Contains(m, "pending"):

@@ -1,0 +1,273 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sort"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/loopvol/loopvol/pkg/pool"
+	"google.golang.org/protobuf/types/known/timestamppb"
+	"k8s.io/klog/v2"
+)
+
+// Snapshots live in the pool of their source volume, beside its image:
+// a reflink where the pool's filesystem has them, else a sparse copy
+// (pkg/pool). A snapshot of a volume that is mounted somewhere is
+// crash-consistent: the image holds what the disk held at one instant, as
+// after a power cut, and the filesystem's journal recovers it when the
+// restored volume is first mounted. Data still in a node's page cache is not
+// in it; an application that needs more flushes (or freezes) first.
+//
+// A snapshot is reachable from the zone of its pool, which it reports as
+// its accessible topology (SNAPSHOT_ACCESSIBILITY_CONSTRAINTS).
+
+// CreateSnapshot makes a snapshot of a volume.
+func (s *Server) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshotRequest) (*csi.CreateSnapshotResponse, error) {
+	return answer(s.createSnapshot(ctx, req))
+}
+
+// DeleteSnapshot removes a snapshot.
+func (s *Server) DeleteSnapshot(ctx context.Context, req *csi.DeleteSnapshotRequest) (*csi.DeleteSnapshotResponse, error) {
+	return answer(s.deleteSnapshot(ctx, req))
+}
+
+// ListSnapshots lists snapshots, a page at a time.
+func (s *Server) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsRequest) (*csi.ListSnapshotsResponse, error) {
+	return answer(s.listSnapshots(ctx, req))
+}
+
+// GetSnapshot describes one snapshot.
+func (s *Server) GetSnapshot(ctx context.Context, req *csi.GetSnapshotRequest) (*csi.GetSnapshotResponse, error) {
+	return answer(s.getSnapshot(ctx, req))
+}
+
+// createSnapshot: validate; lock the name in this process; lock the
+// snapshot's ID in every pool (another controller process may serve them)
+// and look for a snapshot of that name; lock the source volume and read it;
+// then make the snapshot in the source's pool. The copy runs in the call:
+// the record says ready_to_use false until the image is whole, which
+// ListSnapshots shows meanwhile, and a call that finds the locks held
+// answers ABORTED, so the CO retries until it gets the finished snapshot.
+func (s *Server) createSnapshot(ctx context.Context, req *csi.CreateSnapshotRequest) (*csi.CreateSnapshotResponse, error) {
+	if err := validateName(req.GetName()); err != nil {
+		return nil, err
+	}
+	if req.GetSourceVolumeId() == "" {
+		return nil, invalid("source_volume_id is required")
+	}
+	if err := validateParameters(req.GetParameters()); err != nil {
+		return nil, err
+	}
+	p, srcID, err := s.lookup(req.GetSourceVolumeId())
+	if err != nil {
+		return nil, err
+	}
+	if !reachable(req.GetAccessibilityRequirements(), p) {
+		return nil, kindf(errNoSpace, "volume %s lives in zone %s, outside the accessibility requirements of the snapshot: its snapshot can only be there", srcID, p.Zone)
+	}
+	unlock, ok := s.snapNames.tryLock(req.GetName())
+	if !ok {
+		return nil, kindf(errBusy, "a CreateSnapshot for %q is in progress", req.GetName())
+	}
+	defer unlock()
+	unlockAll, err := s.lockSnapshotName(req.GetName())
+	if err != nil {
+		return nil, err
+	}
+	defer unlockAll()
+	if q, snap, err := s.findSnapshotByName(req.GetName()); err != nil {
+		return nil, err
+	} else if snap != nil && (q != p || snap.SourceVolumeID != srcID.String()) {
+		return nil, kindf(errExists, "snapshot %q exists as %s, of volume %s", req.GetName(), snap.ID, snap.SourceVolumeID)
+	}
+	var snap *pool.Snapshot
+	err = s.withVolume(srcID.String(), func(p *pool.Pool, v *pool.Volume) error {
+		logger := klog.FromContext(ctx)
+		last := int64(-1)
+		progress := func(done, total int64) {
+			// About every 10% of the volume, at V(4).
+			if pct := done * 10 / max(total, 1); pct != last {
+				last = pct
+				logger.V(4).Info("Copying snapshot", "snapshot", req.GetName(), "doneBytes", done, "totalBytes", total)
+			}
+		}
+		var err error
+		snap, err = p.CreateSnapshot(req.GetName(), v, progress)
+		if err == nil {
+			logger.V(2).Info("Created snapshot", "snapshotID", snap.ID, "sourceVolumeID", v.ID, "method", snap.Method)
+		}
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &csi.CreateSnapshotResponse{Snapshot: csiSnapshot(p, snap)}, nil
+}
+
+// lockSnapshotName takes the snapshot lock of name in every pool, in name
+// order, without waiting, as lockName does for volumes.
+func (s *Server) lockSnapshotName(name string) (func(), error) {
+	var held []pool.Unlock
+	release := func() {
+		for i := len(held) - 1; i >= 0; i-- {
+			held[i]()
+		}
+	}
+	for _, pn := range s.poolNames {
+		p := s.pools[pn]
+		u, err := p.LockSnapshot(pool.DeriveSnapshotID(p.Name, name))
+		if err != nil {
+			release()
+			return nil, err
+		}
+		held = append(held, u)
+	}
+	return release, nil
+}
+
+// findSnapshotByName looks for the snapshot called name in every pool.
+func (s *Server) findSnapshotByName(name string) (*pool.Pool, *pool.Snapshot, error) {
+	for _, pn := range s.poolNames {
+		p := s.pools[pn]
+		snap, err := p.ReadSnapshot(pool.DeriveSnapshotID(p.Name, name))
+		if errors.Is(err, pool.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, nil, err
+		}
+		return p, snap, nil
+	}
+	return nil, nil, nil
+}
+
+// reachable says whether the zone of pool p meets the requisite topology
+// of tr (no requisite: anywhere).
+func reachable(tr *csi.TopologyRequirement, p *pool.Pool) bool {
+	return len(tr.GetRequisite()) == 0 ||
+		slices.ContainsFunc(tr.GetRequisite(), func(t *csi.Topology) bool { return segmentMatches(t, p) })
+}
+
+func csiSnapshot(p *pool.Pool, snap *pool.Snapshot) *csi.Snapshot {
+	return &csi.Snapshot{
+		SnapshotId:         snap.ID,
+		SourceVolumeId:     snap.SourceVolumeID,
+		SizeBytes:          snap.SizeBytes,
+		CreationTime:       timestamppb.New(snap.Created),
+		ReadyToUse:         snap.ReadyToUse,
+		AccessibleTopology: []*csi.Topology{{Segments: map[string]string{TopologyKey: p.Zone}}},
+	}
+}
+
+// lookupSnapshot parses a snapshot ID and finds its pool; anything unknown
+// is NOT_FOUND.
+func (s *Server) lookupSnapshot(snapshotID string) (*pool.Pool, pool.SnapshotID, error) {
+	id, err := pool.ParseSnapshotID(snapshotID)
+	if err != nil {
+		return nil, id, kindf(errNotFound, "snapshot %q does not exist: %w", snapshotID, err)
+	}
+	p, ok := s.pools[id.Pool]
+	if !ok {
+		return nil, id, kindf(errNotFound, "snapshot %q does not exist: no pool %q", snapshotID, id.Pool)
+	}
+	return p, id, nil
+}
+
+// deleteSnapshot removes a snapshot; one that does not exist is deleted
+// already. A volume being restored from the snapshot holds the snapshot's
+// lock for the copy, so a DeleteSnapshot meanwhile answers ABORTED and the
+// CO retries after the restore: by design it waits, through the CO's
+// retries, rather than fail or pull the image from under the copy.
+func (s *Server) deleteSnapshot(ctx context.Context, req *csi.DeleteSnapshotRequest) (*csi.DeleteSnapshotResponse, error) {
+	if req.GetSnapshotId() == "" {
+		return nil, invalid("snapshot_id is required")
+	}
+	p, id, err := s.lookupSnapshot(req.GetSnapshotId())
+	if err != nil {
+		return &csi.DeleteSnapshotResponse{}, nil
+	}
+	unlock, err := p.LockSnapshot(id)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	if err := p.DeleteSnapshot(id); err != nil {
+		return nil, err
+	}
+	klog.FromContext(ctx).V(2).Info("Deleted snapshot", "snapshotID", id.String())
+	return &csi.DeleteSnapshotResponse{}, nil
+}
+
+// getSnapshot describes one snapshot; an unknown one is NOT_FOUND.
+func (s *Server) getSnapshot(_ context.Context, req *csi.GetSnapshotRequest) (*csi.GetSnapshotResponse, error) {
+	if req.GetSnapshotId() == "" {
+		return nil, invalid("snapshot_id is required")
+	}
+	p, id, err := s.lookupSnapshot(req.GetSnapshotId())
+	if err != nil {
+		return nil, err
+	}
+	snap, err := p.ReadSnapshot(id)
+	if err != nil {
+		return nil, err
+	}
+	return &csi.GetSnapshotResponse{Snapshot: csiSnapshot(p, snap)}, nil
+}
+
+// listSnapshots lists every snapshot, or the one of snapshot_id, or those
+// of source_volume_id, sorted by ID, a page at a time (the token is the
+// last ID of the previous page). An ID that names nothing gives an empty
+// list, as the spec asks. A record that cannot be read is left out (it is
+// no snapshot anyone can restore).
+func (s *Server) listSnapshots(_ context.Context, req *csi.ListSnapshotsRequest) (*csi.ListSnapshotsResponse, error) {
+	if req.GetMaxEntries() < 0 {
+		return nil, invalid("max_entries must not be negative")
+	}
+	var ids []pool.SnapshotID
+	if want := req.GetSnapshotId(); want != "" {
+		if p, id, err := s.lookupSnapshot(want); err == nil {
+			if _, err := p.ReadSnapshot(id); err == nil {
+				ids = append(ids, id)
+			}
+		}
+	} else {
+		for _, name := range s.poolNames {
+			more, err := s.pools[name].ListSnapshotIDs()
+			if err != nil {
+				return nil, err
+			}
+			ids = append(ids, more...)
+		}
+	}
+	sort.Slice(ids, func(i, j int) bool { return ids[i].String() < ids[j].String() })
+	var snaps []*csi.Snapshot
+	for _, id := range ids {
+		p := s.pools[id.Pool]
+		snap, err := p.ReadSnapshot(id)
+		if err != nil {
+			continue
+		}
+		if src := req.GetSourceVolumeId(); src != "" && snap.SourceVolumeID != src {
+			continue
+		}
+		snaps = append(snaps, csiSnapshot(p, snap))
+	}
+	start := 0
+	if token := req.GetStartingToken(); token != "" {
+		if _, err := pool.ParseSnapshotID(token); err != nil {
+			return nil, kindf(errBusy, "starting_token %q was not issued by loopvol", token)
+		}
+		start = sort.Search(len(snaps), func(i int) bool { return snaps[i].SnapshotId > token })
+	}
+	snaps = snaps[start:]
+	resp := &csi.ListSnapshotsResponse{}
+	if n := int(req.GetMaxEntries()); n > 0 && n < len(snaps) {
+		snaps, resp.NextToken = snaps[:n], snaps[n-1].SnapshotId
+	}
+	for _, snap := range snaps {
+		resp.Entries = append(resp.Entries, &csi.ListSnapshotsResponse_Entry{Snapshot: snap})
+	}
+	return resp, nil
+}
