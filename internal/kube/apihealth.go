@@ -98,6 +98,24 @@ func IsUnreachable(err error) bool {
 	return errors.As(err, &ne) || errors.As(err, &ue)
 }
 
+// refusalsAreUp is how many probes in a row must be refused with a client
+// error before the server counts as up anyway: /readyz is refused (403)
+// while a restarted server loads its RBAC roles, when it is not ready yet,
+// but always to a client whose cluster took /readyz away from it.
+const refusalsAreUp = 20
+
+// answered reports whether err is an answer of a serving API server: a
+// client error (403), not a 5xx or 429 of one that is starting or
+// overloaded.
+func answered(err error) bool {
+	var st apierrors.APIStatus
+	if !errors.As(err, &st) {
+		return false
+	}
+	code := st.Status().Code
+	return code >= 400 && code < 500 && code != 429
+}
+
 // Observe records the outcome of one request: an unreachable server marks
 // it down, a success marks it up.
 func (h *APIHealth) Observe(err error) {
@@ -226,6 +244,7 @@ func (h *APIHealth) Run(ctx context.Context) {
 		h.mu.Unlock()
 		logger.Error(problem, "The API server is unreachable; waiting for it before acting", "probeInterval", h.interval)
 		t := time.NewTicker(h.interval)
+		refused := 0
 		for !h.Up() {
 			select {
 			case <-ctx.Done():
@@ -236,8 +255,15 @@ func (h *APIHealth) Run(ctx context.Context) {
 			pctx, cancel := context.WithTimeout(ctx, 5*h.interval)
 			err := h.probe(pctx)
 			cancel()
-			if err == nil {
+			if answered(err) {
+				refused++
+			} else {
+				refused = 0
+			}
+			if err == nil || refused >= refusalsAreUp {
 				h.setUp()
+			} else if ctx.Err() == nil && refused > 0 {
+				logger.V(4).Info("The API server answers but refuses the readiness probe; probing again", "refusals", refused)
 			} else if ctx.Err() == nil {
 				logger.V(4).Info("The API server is still unreachable", "err", err.Error())
 			}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -152,6 +153,12 @@ type Env struct {
 	userMu   sync.Mutex
 	stopOnce sync.Once
 	stopErr  error
+
+	// restartMu guards restarted (a kube-apiserver started again by
+	// KillAPIServer's restart, nil if none) and the watchdog's replacement.
+	restartMu    sync.Mutex
+	restarted    *exec.Cmd
+	watchdogDirs []string
 }
 
 // setLogger gives envtest (controller-runtime) a logger. Without one,
@@ -260,6 +267,7 @@ func LaunchWith(opts Options) (env *Env, stop func() error, err error) {
 	if auditDir != "" {
 		dirs = append(dirs, auditDir)
 	}
+	e.watchdogDirs = dirs
 	e.watchdog = startWatchdog([]string{apiserverPath, etcdPath}, dirs)
 	client, err := kubernetes.NewForConfig(te.Config)
 	if err != nil {
@@ -290,10 +298,12 @@ func Start(tb testing.TB) *Env {
 // be called more than once; later calls return the first call's result.
 func (e *Env) Stop() error {
 	e.stopOnce.Do(func() {
-		e.stopErr = e.te.Stop()
+		e.stopErr = errors.Join(e.stopRestarted(), e.te.Stop())
 		// Only now: had the test binary died during te.Stop, the watchdog
 		// would still have finished the job.
+		e.restartMu.Lock()
 		e.watchdog.stop()
+		e.restartMu.Unlock()
 		if e.auditDir != "" {
 			e.stopErr = errors.Join(e.stopErr, os.RemoveAll(e.auditDir))
 		}
