@@ -47,9 +47,43 @@
 // LIST_VOLUMES_PUBLISHED_NODES) compares ListVolumes published_node_ids with
 // the VolumeAttachments the controller believes done, and sends those that
 // disagree through the normal sync: it re-publishes what a live object wants
-// and corrects a status the driver contradicts. It never unpublishes. A sync
-// it asks for reads the object afresh and acts only if the object has not
-// changed since it was judged.
+// and corrects a status the driver contradicts. A sync it asks for reads the
+// object afresh and acts only if the object has not changed since it was
+// judged.
+//
+// The reconcile also repairs leaked publications: a volume the driver lists
+// as published to a node while no VolumeAttachment wants it there (left by a
+// replica that acted after losing its Lease). The rule is conservative: a
+// volume that any VolumeAttachment of the driver names on that node (live or
+// being deleted, of any node-deployment node), or names with a node ID that
+// is not known, is never touched; nothing is judged while a VolumeAttachment
+// names a PersistentVolume that is not known; the publication must be seen
+// unwanted by passes at least the grace period apart (Config.LeakGrace,
+// twice the reconcile period by default), and right before
+// ControllerUnpublishVolume the VolumeAttachments are listed from the API
+// server and the rule is applied again.
+//
+// Split brain: every ControllerPublishVolume, ControllerUnpublishVolume and
+// status write is preceded by kube.StillLeading (under leader election the
+// replica stops acting once its last Lease renewal is a lease duration old,
+// even before the elector notices), and a publish or unpublish decides on
+// the object as the API server has it: the metadata patch with its
+// resourceVersion precondition, or a GET when no patch was needed. A copy
+// from the cache of an object that is gone or replaced is never acted on.
+//
+// API server outages: workers wait while the API server is unreachable
+// (kube.APIHealth), since a driver call whose outcome cannot be recorded
+// would only be made again, and what failed meanwhile is retried at once
+// when it is back, not after its backoff.
+//
+// A driver call that times out doubles the next call's timeout for that
+// VolumeAttachment, up to TimeoutGrowthLimit × Config.Timeout; the first
+// timeout is logged at level 0 and each is counted.
+//
+// Per-object state (pending work, own writes, reconcile verdicts, grown
+// timeouts, locks, failures, leak candidates) is dropped when the object
+// goes, whatever the order of events; loopvol_attacher_tracked_objects
+// shows its size.
 //
 // The cache is never trusted over the controller's own writes: when a
 // cached copy is older than the controller's last write of that object
