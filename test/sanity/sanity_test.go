@@ -21,6 +21,11 @@ import (
 // contextEnv selects the shape when the test binary re-runs itself.
 const contextEnv = "LOOPVOL_SANITY_CONTEXT"
 
+// poolFSEnv selects, in the child, the pool's filesystem: "" for the test's
+// own, "xfs-reflink" for an xfs with reflink=1 that the child makes in a
+// sparse file and loop-mounts.
+const poolFSEnv = "LOOPVOL_SANITY_POOL_FS"
+
 // maxVolumes is the node limit under test; small, so that csi-sanity's limit
 // check (publish N, the N+1th fails) stays quick.
 const maxVolumes = 4
@@ -38,27 +43,40 @@ func TestSanity(t *testing.T) {
 	}
 	driverproc.RequireRoot(t)
 	driverproc.Binary(t) // build once, before the children need it
-	for _, shape := range []string{"ext4", "xfs", "block"} {
-		t.Run(shape, func(t *testing.T) {
-			cmd := exec.Command(os.Args[0], "-test.run=^TestSanityShape$", "-test.v", "-ginkgo.skip="+upstreamBroken)
-			cmd.Env = append(os.Environ(), contextEnv+"="+shape)
-			out, err := cmd.CombinedOutput()
-			summary := ""
-			for _, line := range strings.Split(string(out), "\n") {
-				if strings.HasPrefix(line, "sanity:") {
-					summary += line + "\n"
-				}
+	// Each shape with the pool on the test's filesystem (ext4 here: the
+	// snapshot copy path) and on a loop-mounted xfs with reflink=1 (the
+	// reflink path).
+	for _, poolFS := range []string{"", "xfs-reflink"} {
+		for _, shape := range []string{"ext4", "xfs", "block"} {
+			name := shape
+			if poolFS != "" {
+				name += "/pool-on-" + poolFS
 			}
-			t.Logf("csi-sanity %s:\n%s", shape, summary)
-			fmt.Print(summary)
-			if err != nil {
-				t.Fatalf("csi-sanity %s failed: %v\n%s", shape, err, lastLines(string(out), 200))
-			}
-			if summary == "" {
-				t.Fatalf("csi-sanity %s printed no summary:\n%s", shape, lastLines(string(out), 100))
-			}
-		})
+			runShape(t, name, shape, poolFS)
+		}
 	}
+}
+
+func runShape(t *testing.T, name, shape, poolFS string) {
+	t.Run(name, func(t *testing.T) {
+		cmd := exec.Command(os.Args[0], "-test.run=^TestSanityShape$", "-test.v", "-ginkgo.skip="+upstreamBroken)
+		cmd.Env = append(os.Environ(), contextEnv+"="+shape, poolFSEnv+"="+poolFS)
+		out, err := cmd.CombinedOutput()
+		summary := ""
+		for _, line := range strings.Split(string(out), "\n") {
+			if strings.HasPrefix(line, "sanity:") {
+				summary += line + "\n"
+			}
+		}
+		t.Logf("csi-sanity %s:\n%s", shape, summary)
+		fmt.Print(summary)
+		if err != nil {
+			t.Fatalf("csi-sanity %s failed: %v\n%s", shape, err, lastLines(string(out), 200))
+		}
+		if summary == "" {
+			t.Fatalf("csi-sanity %s printed no summary:\n%s", shape, lastLines(string(out), 100))
+		}
+	})
 }
 
 // upstreamBroken is the one csi-sanity spec that no driver reporting a
@@ -79,6 +97,9 @@ func TestSanityShape(t *testing.T) {
 		if err := os.MkdirAll(d, 0o750); err != nil {
 			t.Fatal(err)
 		}
+	}
+	if os.Getenv(poolFSEnv) == "xfs-reflink" {
+		mountReflinkXFS(t, filepath.Join(dir, "pool.xfs"), poolDir)
 	}
 	fs := "ext4"
 	if shape == "xfs" {
@@ -144,6 +165,9 @@ var _ = ginkgo.ReportAfterSuite("loopvol sanity summary", func(r ginkgo.Report) 
 		}
 	}
 	shape := os.Getenv(contextEnv)
+	if pfs := os.Getenv(poolFSEnv); pfs != "" {
+		shape += " (pool on " + pfs + ")"
+	}
 	fmt.Printf("\nsanity: %s: %d specs ran, %d passed, %d failed, %d skipped\n", shape, ran, passed, failed, skipped)
 	var keys []string
 	for k := range reasons {
@@ -183,4 +207,30 @@ func whyNotApplicable(skipMessage string) string {
 		return "marked pending (XIt) upstream, never runs"
 	}
 	return "capability not offered"
+}
+
+// mountReflinkXFS makes an xfs with reflink=1 in a sparse 32 GiB file and
+// mounts it on dir until the test ends; registered before the driver
+// starts, it runs after the driver stopped.
+func mountReflinkXFS(t *testing.T, image, dir string) {
+	t.Helper()
+	f, err := os.Create(image)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Truncate(32 << 30)
+	f.Close()
+	if out, err := exec.Command("mkfs.xfs", "-q", "-m", "reflink=1", image).CombinedOutput(); err != nil {
+		t.Fatalf("mkfs.xfs -m reflink=1: %v: %s", err, out)
+	}
+	if out, err := exec.Command("mount", "-o", "loop", image, dir).CombinedOutput(); err != nil {
+		t.Fatalf("mount %s: %v: %s", image, err, out)
+	}
+	t.Cleanup(func() {
+		// The cleanup of TestSanityShape may have unmounted it already
+		// (it lazily unmounts everything under the test's directory).
+		if out, err := exec.Command("umount", dir).CombinedOutput(); err != nil && !strings.Contains(string(out), "not mounted") {
+			t.Errorf("umount %s: %v: %s", dir, err, out)
+		}
+	})
 }
