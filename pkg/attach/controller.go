@@ -59,6 +59,9 @@ type CSI interface {
 	// ListVolumes returns, for each volume ID, the node IDs it is published
 	// on (all pages).
 	ListVolumes(ctx context.Context) (map[string][]string, error)
+	// OnReconnected registers f to run each time the driver is ready again
+	// after it was not; remove unregisters it.
+	OnReconnected(f func()) (remove func())
 }
 
 // Config is what New needs.
@@ -266,6 +269,13 @@ func (c *Controller) Run(ctx context.Context) error {
 		logger.Info("The API server is back; retrying what failed meanwhile without waiting out its backoff", "queued", n)
 	})
 	defer removeRecovered()
+	// The same after the driver was away: attaches and detaches that
+	// failed with UNAVAILABLE while it restarted are retried at once.
+	removeReconnected := c.csi.OnReconnected(func() {
+		n := c.attachQ.ResetBackoff() + c.detachQ.ResetBackoff() + c.pvQ.ResetBackoff()
+		logger.Info("The CSI driver is back; retrying what failed meanwhile without waiting out its backoff", "queued", n)
+	})
+	defer removeReconnected()
 
 	pvWorkers := max(1, c.cfg.Workers/4)
 	logger.Info("Starting the attach controller", "driver", c.cfg.DriverName, "finalizer", c.finalizer,

@@ -210,6 +210,7 @@ type fakeCSI struct {
 	unpublishErr error
 	published    map[string][]string
 	onCall       func(method string) // called with each call, before it answers
+	reconnected  []func()
 }
 
 var _ CSI = &fakeCSI{}
@@ -269,6 +270,23 @@ func (f *fakeCSI) ListVolumes(context.Context) (map[string][]string, error) {
 	defer f.mu.Unlock()
 	f.calls = append(f.calls, csiCall{Method: "ListVolumes"})
 	return f.published, nil
+}
+
+func (f *fakeCSI) OnReconnected(fn func()) func() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.reconnected = append(f.reconnected, fn)
+	return func() {}
+}
+
+// reconnect plays the driver coming back after it was away.
+func (f *fakeCSI) reconnect() {
+	f.mu.Lock()
+	fns := f.reconnected
+	f.mu.Unlock()
+	for _, fn := range fns {
+		fn()
+	}
 }
 
 func (f *fakeCSI) takeCalls() []csiCall {

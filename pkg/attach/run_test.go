@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	storagev1 "k8s.io/api/storage/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
@@ -117,4 +119,73 @@ func TestConfigValidate(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestDriverBackRetriesAtOnce: an attach that failed while the driver was
+// restarting (UNAVAILABLE) waits out an hour of backoff here; when the
+// driver is ready again it is retried at once.
+func TestDriverBackRetriesAtOnce(t *testing.T) {
+	_, ctx := ktesting.NewTestContext(t)
+	client := fake.NewClientset(pvObj("pv1", "pool.vol1"), csiNodeObj(testNode, testNodeID))
+	withResourceVersions(client)
+	drv := &fakeCSI{caps: allCaps, publishErr: status.Error(codes.Unavailable, "driver restarting")}
+	c, err := New(Config{
+		DriverName: driver, Client: client, CSI: drv, Workers: 1,
+		RetryIntervalStart: time.Hour, RetryIntervalMax: time.Hour,
+		ReconcileSync: time.Hour, Registerer: prometheus.NewRegistry(),
+	})
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- c.Run(runCtx) }()
+	defer func() { stop(); <-done }()
+
+	if _, err := client.StorageV1().VolumeAttachments().Create(ctx, vaObj("va1", "pv1"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	publishes := func() int {
+		drv.mu.Lock()
+		defer drv.mu.Unlock()
+		n := 0
+		for _, c := range drv.calls {
+			if c.Method == "ControllerPublishVolume" {
+				n++
+			}
+		}
+		return n
+	}
+	wait := func(what string, cond func() bool) {
+		t.Helper()
+		if err := waitPoll(ctx, 30*time.Second, cond); err != nil {
+			t.Fatalf("timed out waiting until %s", what)
+		}
+	}
+	wait("the first publish failed", func() bool { return publishes() == 1 && c.attachQ.Failing() == 1 })
+	drv.mu.Lock()
+	drv.publishErr = nil
+	drv.mu.Unlock()
+	drv.reconnect()
+	wait("va1 is attached after the driver came back", func() bool {
+		va, err := client.StorageV1().VolumeAttachments().Get(ctx, "va1", metav1.GetOptions{})
+		return err == nil && va.Status.Attached
+	})
+	if n := publishes(); n != 2 {
+		t.Errorf("%d ControllerPublishVolume calls, want 2 (the failed one and the retry)", n)
+	}
+}
+
+// waitPoll polls cond every 10 ms until it holds or timeout passes.
+func waitPoll(ctx context.Context, timeout time.Duration, cond func() bool) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	for !cond() {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -74,6 +75,10 @@ type Client struct {
 	isReady bool
 	problem error     // why the driver is not ready
 	since   time.Time // when it stopped being ready
+	// onReconnected are called when the driver is ready again after it was
+	// not; nil entries were removed.
+	onReconnected []func()
+	everReady     bool
 
 	stop context.CancelFunc
 	done chan struct{} // closed when the monitor has returned
@@ -187,12 +192,38 @@ func (c *Client) Close() error {
 
 func (c *Client) setReady(caps Capabilities) {
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	c.caps = caps
 	c.problem = nil
+	var callbacks []func()
 	if !c.isReady {
 		c.isReady = true
 		close(c.ready)
+		if c.everReady {
+			callbacks = slices.Clone(c.onReconnected)
+		}
+		c.everReady = true
+	}
+	c.mu.Unlock()
+	for _, f := range callbacks {
+		if f != nil {
+			f()
+		}
+	}
+}
+
+// OnReconnected registers f to be called each time the driver is ready again
+// after it was not (a restart, a lost socket), so that a controller can
+// retry at once what failed while it was away rather than wait out each
+// item's backoff. f must not block. remove unregisters it.
+func (c *Client) OnReconnected(f func()) (remove func()) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	i := len(c.onReconnected)
+	c.onReconnected = append(c.onReconnected, f)
+	return func() {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		c.onReconnected[i] = nil
 	}
 }
 

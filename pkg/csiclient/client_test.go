@@ -425,3 +425,27 @@ func TestIsFinal(t *testing.T) {
 		})
 	}
 }
+
+// TestOnReconnected: the callbacks run when the driver is ready again after
+// it was not, not at the first connection, and not after removal.
+func TestOnReconnected(t *testing.T) {
+	c := &Client{ready: make(chan struct{})}
+	calls := 0
+	remove := c.OnReconnected(func() { calls++ })
+	c.setReady(Capabilities{})
+	c.setReady(Capabilities{}) // still ready: no transition
+	if calls != 0 {
+		t.Fatalf("%d calls at the first connection, want 0", calls)
+	}
+	c.setNotReady(errConnectionLost)
+	c.setReady(Capabilities{})
+	if calls != 1 {
+		t.Fatalf("%d calls after a reconnect, want 1", calls)
+	}
+	remove()
+	c.setNotReady(errConnectionLost)
+	c.setReady(Capabilities{})
+	if calls != 1 {
+		t.Errorf("%d calls after remove, want still 1", calls)
+	}
+}
