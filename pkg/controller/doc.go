@@ -5,6 +5,11 @@
 // volume record, and node plugins refuse to stage a volume that is not
 // attached to them.
 //
-// Errors from pkg/pool are wrapped sentinels; toStatus turns them into gRPC
-// codes in one place.
+// Snapshots (snapshot.go) are images beside their source volume's in its
+// pool; CreateVolume restores one or clones a volume (source.go).
+//
+// Errors are plain wrapped errors inside: pkg/pool's sentinels and this
+// package's kinds (errors.go). toStatus turns them into gRPC codes in one
+// place, at the edge of every RPC (rpc.go, which also writes down the lock
+// order).
 package controller

@@ -54,6 +54,9 @@ func (s *Server) Sweep(ctx context.Context) {
 		for _, o := range r.Orphans {
 			logOrphan(logger, p, o, s.orphanGrace)
 		}
+		for _, id := range r.UnfinishedSnapshots {
+			logger.Info("Removed a snapshot whose CreateSnapshot died before it was whole and was not retried", "pool", p.Name, "snapshotID", id.String())
+		}
 	}
 }
 

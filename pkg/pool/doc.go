@@ -22,6 +22,12 @@
 // node's attachments and adding one a single step (lock.go). Sweep removes what killed
 // processes left (sweep.go).
 //
+// Snapshots (snapshot.go) are read-only images beside the volumes', with a
+// record of their own (snap-<hash>.json, written first as not ready); their
+// IDs (<pool>.snap-<hash>) never parse as volume IDs. An image is copied by
+// FICLONE where the filesystem has reflinks, else by a sparse copy whose
+// space is reserved under the pool lock (copy.go).
+//
 // The package imports only the standard library and x/sys: it knows nothing of
 // gRPC or Kubernetes. Callers map its sentinel errors to status codes.
 package pool

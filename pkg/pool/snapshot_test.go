@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"testing"
+	"time"
 )
 
 // writeAt writes data into a volume's image at off.
@@ -177,5 +178,51 @@ func TestParseSnapshotID(t *testing.T) {
 	}
 	if DeriveSnapshotID("p1", "x").Hash == DeriveVolumeID("p1", "x").Hash {
 		t.Fatal("a snapshot and a volume of one name share a hash")
+	}
+}
+
+// Sweep removes a half-made snapshot nobody retried once it is past the
+// grace, never one that is whole, young or locked.
+func TestSweepUnfinishedSnapshot(t *testing.T) {
+	p := newTestPool(t)
+	v, err := p.CreateVolume(spec("vol", 16<<20))
+	if err != nil {
+		t.Fatal(err)
+	}
+	whole, err := p.CreateSnapshot("whole", v, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sid := DeriveSnapshotID(p.Name, "half")
+	if err := p.writeSnapshot(&Snapshot{ID: sid.String(), Name: "half", SourceVolumeID: v.ID, SizeBytes: v.SizeBytes}); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(p.SnapshotImagePath(sid), []byte("partial"), 0o400); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	r, err := p.Sweep(now, time.Hour)
+	if err != nil || len(r.UnfinishedSnapshots) != 0 {
+		t.Fatalf("young: %+v, %v", r, err)
+	}
+	unlock, err := p.LockSnapshot(sid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err = p.Sweep(now.Add(2*time.Hour), time.Hour)
+	unlock()
+	if err != nil || len(r.UnfinishedSnapshots) != 0 {
+		t.Fatalf("locked: %+v, %v", r, err)
+	}
+	r, err = p.Sweep(now.Add(2*time.Hour), time.Hour)
+	if err != nil || len(r.UnfinishedSnapshots) != 1 || r.UnfinishedSnapshots[0] != sid {
+		t.Fatalf("old and unlocked: %+v, %v", r, err)
+	}
+	if p.exists(sid.stem()+imageSuffix) || p.exists(sid.stem()+recordSuffix) {
+		t.Fatal("the unfinished snapshot's files are still there")
+	}
+	wid, _ := ParseSnapshotID(whole.ID)
+	if _, err := p.ReadSnapshot(wid); err != nil {
+		t.Fatalf("the whole snapshot went too: %v", err)
 	}
 }

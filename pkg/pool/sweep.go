@@ -52,6 +52,10 @@ type SweepReport struct {
 	Orphans []Orphan
 	// Reclaimed are the orphan images removed.
 	Reclaimed []Orphan
+	// UnfinishedSnapshots are the snapshots removed whose record still
+	// said not ready after the grace, with nobody holding their lock: a
+	// CreateSnapshot killed mid-copy that nobody retried.
+	UnfinishedSnapshots []SnapshotID
 	// Errors are the entries Sweep could not handle; it went on with the
 	// rest.
 	Errors []error
@@ -81,6 +85,11 @@ func (p *Pool) Sweep(now time.Time, grace time.Duration) (SweepReport, error) {
 			hash := strings.TrimSuffix(name, imageSuffix)
 			if hashRE.MatchString(hash) && !present[hash+recordSuffix] {
 				p.sweepOrphan(&r, VolumeID{Pool: p.Name, Hash: hash}, now, grace)
+			}
+		case strings.HasPrefix(name, snapPrefix) && strings.HasSuffix(name, recordSuffix):
+			hash := strings.TrimSuffix(strings.TrimPrefix(name, snapPrefix), recordSuffix)
+			if hashRE.MatchString(hash) {
+				p.sweepSnapshot(&r, SnapshotID{Pool: p.Name, Hash: hash}, now, grace)
 			}
 		case strings.HasSuffix(name, lockSuffix):
 			hash := strings.TrimSuffix(name, lockSuffix)
@@ -206,4 +215,39 @@ func (p *Pool) dropUnusedLock(r *SweepReport, id VolumeID) {
 	}
 	p.removeLockFile(id)
 	r.LockFiles = append(r.LockFiles, lockName(id))
+}
+
+// sweepSnapshot removes a snapshot whose CreateSnapshot died mid-copy and
+// was not retried within grace: under its lock (a CreateSnapshot at work
+// holds it), its record still says not ready and was last written longer
+// than grace ago. A retry after that makes it again from the start, as it
+// would have anyway.
+func (p *Pool) sweepSnapshot(r *SweepReport, id SnapshotID, now time.Time, grace time.Duration) {
+	unlock, err := p.LockSnapshot(id)
+	if err != nil {
+		if !errors.Is(err, ErrBusy) {
+			r.Errors = append(r.Errors, err)
+		}
+		return
+	}
+	defer unlock()
+	s, err := p.ReadSnapshot(id)
+	if err != nil {
+		if !errors.Is(err, ErrNotFound) {
+			r.Errors = append(r.Errors, err)
+		}
+		return
+	}
+	if s.ReadyToUse {
+		return
+	}
+	st, err := p.vols.stat(id.stem() + recordSuffix)
+	if err != nil || now.Sub(time.Unix(st.Mtim.Unix())) < grace {
+		return
+	}
+	if err := p.DeleteSnapshot(id); err != nil {
+		r.Errors = append(r.Errors, err)
+		return
+	}
+	r.UnfinishedSnapshots = append(r.UnfinishedSnapshots, id)
 }

@@ -48,34 +48,10 @@ func newSnapPool(t testing.TB, reflink bool) *snapPool {
 		}
 	})
 	if reflink {
-		mountReflinkXFS(t, filepath.Join(s.dir, "pool.xfs"), s.pool)
+		driverproc.MountReflinkXFS(t, filepath.Join(s.dir, "pool.xfs"), s.pool, 16*gib)
 	}
 	s.start(t)
 	return s
-}
-
-// mountReflinkXFS makes an xfs with reflink=1 in a sparse 16 GiB file and
-// mounts it on dir until the test ends (after the drivers stop: cleanups
-// run last-in first-out).
-func mountReflinkXFS(t testing.TB, image, dir string) {
-	t.Helper()
-	f, err := os.Create(image)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f.Truncate(16 * gib)
-	f.Close()
-	if out, err := exec.Command("mkfs.xfs", "-q", "-m", "reflink=1", image).CombinedOutput(); err != nil {
-		t.Skipf("mkfs.xfs -m reflink=1: %v: %s", err, out)
-	}
-	if out, err := exec.Command("mount", "-o", "loop", image, dir).CombinedOutput(); err != nil {
-		t.Fatalf("mount %s: %v: %s", image, err, out)
-	}
-	t.Cleanup(func() {
-		if out, err := exec.Command("umount", dir).CombinedOutput(); err != nil && !strings.Contains(string(out), "not mounted") {
-			t.Errorf("umount %s: %v: %s", dir, err, out)
-		}
-	})
 }
 
 func (s *snapPool) start(t testing.TB) {

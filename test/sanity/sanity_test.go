@@ -99,7 +99,7 @@ func TestSanityShape(t *testing.T) {
 		}
 	}
 	if os.Getenv(poolFSEnv) == "xfs-reflink" {
-		mountReflinkXFS(t, filepath.Join(dir, "pool.xfs"), poolDir)
+		driverproc.MountReflinkXFS(t, filepath.Join(dir, "pool.xfs"), poolDir, 32<<30)
 	}
 	fs := "ext4"
 	if shape == "xfs" {
@@ -207,30 +207,4 @@ func whyNotApplicable(skipMessage string) string {
 		return "marked pending (XIt) upstream, never runs"
 	}
 	return "capability not offered"
-}
-
-// mountReflinkXFS makes an xfs with reflink=1 in a sparse 32 GiB file and
-// mounts it on dir until the test ends; registered before the driver
-// starts, it runs after the driver stopped.
-func mountReflinkXFS(t *testing.T, image, dir string) {
-	t.Helper()
-	f, err := os.Create(image)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f.Truncate(32 << 30)
-	f.Close()
-	if out, err := exec.Command("mkfs.xfs", "-q", "-m", "reflink=1", image).CombinedOutput(); err != nil {
-		t.Fatalf("mkfs.xfs -m reflink=1: %v: %s", err, out)
-	}
-	if out, err := exec.Command("mount", "-o", "loop", image, dir).CombinedOutput(); err != nil {
-		t.Fatalf("mount %s: %v: %s", image, err, out)
-	}
-	t.Cleanup(func() {
-		// The cleanup of TestSanityShape may have unmounted it already
-		// (it lazily unmounts everything under the test's directory).
-		if out, err := exec.Command("umount", dir).CombinedOutput(); err != nil && !strings.Contains(string(out), "not mounted") {
-			t.Errorf("umount %s: %v: %s", dir, err, out)
-		}
-	})
 }
