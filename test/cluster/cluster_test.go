@@ -95,6 +95,14 @@ func (w testWriter) Write(p []byte) (int, error) {
 func TestCluster(t *testing.T) {
 	c := up(t)
 	t.Run("VolumeLifecycle", func(t *testing.T) { testVolumeLifecycle(t, c) })
+	t.Run("RawBlock", func(t *testing.T) { testRawBlock(t, c) })
+	t.Run("Burst", func(t *testing.T) { testBurst(t, c) })
+	t.Run("Expansion", func(t *testing.T) { testExpansion(t, c) })
+	t.Run("NodePluginRestart", func(t *testing.T) { testNodePluginRestart(t, c) })
+	// After the others: their logs are searched for "forbidden".
+	t.Run("RBAC", func(t *testing.T) { testRBAC(t, c) })
+	// Last: it restarts the node plugin with a volume limit.
+	t.Run("NodeLimit", func(t *testing.T) { testNodeLimit(t, c) })
 }
 
 // testVolumeLifecycle: PVC → Pod Running → data written; the Pod deleted
