@@ -185,10 +185,31 @@ func (Devices) Find(imagePath string) (string, bool, error) {
 		if err != nil {
 			return "", false, err
 		}
+		devPath := "/dev/" + name
 		if backing != path && backing != resolved {
+			// The kernel prints the path through the mount the image was
+			// opened by. When that mount is gone (the node plugin's
+			// container restarted, and with it the bind mount of the pool
+			// it attached through), the path is printed relative to the
+			// mount's root ("/volumes/<id>.img"): match such a device by
+			// the image's device and inode instead. Only devices whose
+			// path ends in the image's name are asked, so a Find costs
+			// one ioctl per candidate, not per loop device.
+			if !imageExists || deleted || !strings.HasSuffix(backing, "/"+filepath.Base(path)) {
+				continue
+			}
+			same, err := sameFile(devPath, &st)
+			if errors.Is(err, ErrNotAttached) || errors.Is(err, fs.ErrNotExist) {
+				continue
+			}
+			if err != nil {
+				return "", false, err
+			}
+			if same {
+				return devPath, true, nil
+			}
 			continue
 		}
-		devPath := "/dev/" + name
 		if !imageExists {
 			return devPath, true, nil
 		}

@@ -336,3 +336,51 @@ func readImageByte(t *testing.T, image string) byte {
 	}
 	return b[0]
 }
+
+// TestFindAfterItsMountIsGone: a node plugin in a container attaches an
+// image through its bind mount of the pool. When the container restarts,
+// that mount is gone and the kernel prints the backing file relative to the
+// mount's root ("/img"). The new plugin must still find the device by the
+// image's device and inode — and not take another image of the same name.
+func TestFindAfterItsMountIsGone(t *testing.T) {
+	looptest.RequireRoot(t)
+	dir := looptest.DirectIODir(t)
+	pool, view := filepath.Join(dir, "pool"), filepath.Join(dir, "container-view")
+	for _, d := range []string{pool, view} {
+		if err := os.Mkdir(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	image := newImage(t, pool, "vol.img", 8*mib)
+	other := newImage(t, dir, "vol.img", 8*mib) // same name, another file
+	if err := unix.Mount(pool, view, "", unix.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	mounted := true
+	t.Cleanup(func() {
+		if mounted {
+			_ = unix.Unmount(view, unix.MNT_DETACH)
+		}
+	})
+	d := loop.New()
+	dev, err := d.Attach(context.Background(), filepath.Join(view, "vol.img"), false)
+	if err != nil {
+		t.Fatalf("Attach: %v", err)
+	}
+	t.Cleanup(func() { _ = d.Detach(dev) })
+	if err := unix.Unmount(view, unix.MNT_DETACH); err != nil {
+		t.Fatal(err)
+	}
+	mounted = false
+	st, err := d.Status(dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("backing file after its mount went: %q", st.BackingFile)
+	if got, ok, err := d.Find(image); err != nil || !ok || got != dev {
+		t.Errorf("Find(image) = %q, %v, %v; want %q (same device and inode)", got, ok, err, dev)
+	}
+	if got, ok, err := d.Find(other); err != nil || ok {
+		t.Errorf("Find(another file of the same name) = %q, %v, %v; want not found", got, ok, err)
+	}
+}
