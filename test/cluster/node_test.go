@@ -77,13 +77,10 @@ func csiNodeCount(ctx context.Context, c *cluster.Cluster) (int32, error) {
 // unpublished, unstaged and detached through the new plugin: nothing left
 // mounted, no loop device on the image.
 func testNodePluginRestart(t *testing.T, c *cluster.Cluster) {
-	// Found by this test: after the restart, NodeUnpublishVolume refuses
-	// ("target path ... is mounted from /dev/loopN, not from volume ...:
-	// not unmounting it"): the loop device's backing_file reads
-	// "/volumes/<hash>.img" (the image was attached through the pool's
-	// descriptor), which the new plugin does not match to the pool, so the
-	// Pod never terminates and its volume stays attached.
-	t.Skip("pkg/node: NodeUnpublishVolume after a node plugin restart does not recognise its loop device (backing_file /volumes/<hash>.img)")
+	// Found by this test: after the restart the loop device's backing_file
+	// reads "/volumes/<hash>.img" (relative to the old container's mount
+	// of the pool, which is gone); the new plugin now matches the device by
+	// the image's device and inode (pkg/loop Find).
 	ctx := context.Background()
 	ns := namespace(t, c, "restart")
 	create(ctx, t, c, cluster.Claim(ns, "data", "loopvol", "64Mi"), cluster.VolumePod(ns, "user", "data", checkLoop))
