@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -77,7 +76,7 @@ type admissionRig struct {
 	admin     kubernetes.Interface
 	adminName string
 	// warned collects the API server's warnings to admin's requests.
-	warned *admWarnings
+	warned *warnings
 
 	policies []*admissionv1.ValidatingAdmissionPolicy
 	bindings []*admissionv1.ValidatingAdmissionPolicyBinding
@@ -112,7 +111,7 @@ func newAdmissionRig(t *testing.T) *admissionRig {
 	ctx, cancel := context.WithCancel(klog.NewContext(context.Background(), logger))
 	t.Cleanup(cancel)
 
-	a := &admissionRig{t: t, ctx: ctx, env: env, id: shortID(), warned: &admWarnings{}}
+	a := &admissionRig{t: t, ctx: ctx, env: env, id: shortID(), warned: &warnings{}}
 	cfg := rest.CopyConfig(env.Config)
 	cfg.WarningHandler = a.warned
 	a.admin = admClient(t, cfg)
@@ -142,27 +141,6 @@ func admClient(t *testing.T, cfg *rest.Config) kubernetes.Interface {
 		t.Fatal(err)
 	}
 	return c
-}
-
-// admWarnings collects the warnings the API server sends one client.
-type admWarnings struct {
-	mu   sync.Mutex
-	list []string
-}
-
-func (w *admWarnings) HandleWarningHeader(_ int, _, text string) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.list = append(w.list, text)
-}
-
-// take returns the warnings received since the last call.
-func (w *admWarnings) take() []string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	out := w.list
-	w.list = nil
-	return out
 }
 
 // admissionDir is deploy/kubernetes/base/admission.

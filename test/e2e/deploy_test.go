@@ -56,8 +56,8 @@ func renderDeploy(t *testing.T, dir string) []*unstructured.Unstructured {
 	return objs
 }
 
-// warnings collects the API server's warnings (deprecated fields, unknown
-// fields, ...) of one client.
+// warnings collects the warnings the API server sends one client
+// (deprecated or unknown fields, admission policies in Warn mode).
 type warnings struct {
 	mu   sync.Mutex
 	list []string
@@ -69,6 +69,7 @@ func (w *warnings) HandleWarningHeader(code int, agent, text string) {
 	w.list = append(w.list, text)
 }
 
+// take returns the warnings received since the last call.
 func (w *warnings) take() []string {
 	w.mu.Lock()
 	defer w.mu.Unlock()

@@ -61,7 +61,7 @@ type whRig struct {
 	ca      []byte // the CA the certificate in certDir is signed with
 	class   string // WaitForFirstConsumer, pool cap-a, expandable
 	webhook *attacher
-	warned  *admWarnings
+	warned  *warnings
 	user    kubernetes.Interface // the administrator, warnings collected
 	whKube  string               // kubeconfig with exactly rbac-webhook.yaml
 }
@@ -87,7 +87,7 @@ func TestWebhook(t *testing.T) {
 }
 
 func newWebhookRig(t *testing.T) *whRig {
-	w := &whRig{capRig: newCapRig(t), warned: &admWarnings{}}
+	w := &whRig{capRig: newCapRig(t), warned: &warnings{}}
 	cfg := rest.CopyConfig(w.env.Config)
 	cfg.QPS, cfg.Burst = 1000, 2000
 	cfg.WarningHandler = w.warned
