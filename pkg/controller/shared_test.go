@@ -3,13 +3,13 @@ package controller
 import (
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/loopvol/loopvol/pkg/loop/looptest"
 	"github.com/loopvol/loopvol/pkg/pool"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
@@ -101,27 +101,12 @@ func TestTwoControllersCreateSameNames(t *testing.T) {
 	}
 }
 
-// tmpfsPool mounts a small tmpfs for a pool: its free space is exact and
-// nothing else on the machine changes it. Needs root.
-func tmpfsPool(t *testing.T, size int64) string {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to mount a tmpfs")
-	}
-	dir := t.TempDir()
-	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", fmt.Sprintf("size=%d", size), "tmpfs", dir).CombinedOutput(); err != nil {
-		t.Skipf("cannot mount tmpfs: %v %s", err, out)
-	}
-	t.Cleanup(func() { exec.Command("umount", dir).Run() })
-	return dir
-}
-
 // TestParallelCreatesKeepTheReserve: many creates of different names on two
 // controllers at once, with room for only some of them: the pool's free
 // space never falls below its reserve, and every refusal is
 // RESOURCE_EXHAUSTED.
 func TestParallelCreatesKeepTheReserve(t *testing.T) {
-	dir := tmpfsPool(t, 64*mib)
+	dir := looptest.Tmpfs(t, "64m") // exact free space, nothing else writes there
 	const reserve = 16 * mib
 	ctrls := twoControllers(t, dir, reserve)
 	c := ctx(t)

@@ -3,7 +3,6 @@ package driver
 import (
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -12,6 +11,7 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/loopvol/loopvol/pkg/loop/looptest"
 	"github.com/loopvol/loopvol/pkg/pool"
 	"github.com/loopvol/loopvol/test/internal/driverproc"
 	"golang.org/x/sys/unix"
@@ -183,16 +183,7 @@ func TestTwoControllerProcesses(t *testing.T) {
 func TestTwoControllerProcessesKeepTheReserve(t *testing.T) {
 	driverproc.RequireRoot(t)
 	dir := t.TempDir()
-	poolDir := filepath.Join(dir, "pool")
-	os.MkdirAll(poolDir, 0o750)
-	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=96m", "tmpfs", poolDir).CombinedOutput(); err != nil {
-		t.Skipf("cannot mount a tmpfs: %v %s", err, out)
-	}
-	t.Cleanup(func() {
-		if out, err := exec.Command("umount", poolDir).CombinedOutput(); err != nil {
-			t.Errorf("umount %s: %v %s", poolDir, err, out)
-		}
-	})
+	poolDir := looptest.Tmpfs(t, "96m")
 	const reserve = 32 * mib
 	cfg := filepath.Join(dir, "pools.yaml")
 	os.WriteFile(cfg, []byte(fmt.Sprintf("pools:\n- name: p\n  zone: z\n  path: %s\n  reserveBytes: %d\n", poolDir, reserve)), 0o600)

@@ -23,6 +23,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
 
+	"github.com/loopvol/loopvol/pkg/loop/looptest"
 	"github.com/loopvol/loopvol/test/internal/driverproc"
 )
 
@@ -66,15 +67,9 @@ func newCapRig(t *testing.T) *capRig {
 		name, zone string
 		size       string
 	}{{"cap-a", c.za, "512m"}, {"cap-b", c.zb, "256m"}} {
-		path := filepath.Join(dir, p.name)
-		if err := os.MkdirAll(path, 0o750); err != nil {
-			t.Fatal(err)
-		}
-		if err := unix.Mount("tmpfs", path, "tmpfs", 0, "size="+p.size+",mode=0750"); err != nil {
-			t.Fatalf("mount a tmpfs pool at %s: %v", path, err)
-		}
-		// Registered before the rig, so it runs after the driver stopped.
-		t.Cleanup(func() { _ = unix.Unmount(path, unix.MNT_DETACH) })
+		// Mounted before the rig starts, so the unmount runs after the
+		// driver stopped.
+		path := looptest.Tmpfs(t, p.size)
 		c.pools[p.zone] = path
 		config += fmt.Sprintf("- name: %s\n  zone: %s\n  path: %s\n", p.name, p.zone, path)
 	}

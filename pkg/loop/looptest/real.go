@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -118,4 +119,45 @@ func DirectIODir(t testing.TB) string {
 	})
 	DetachUnder(t, mnt)
 	return mnt
+}
+
+// Tmpfs mounts a tmpfs of size (a mount option value such as "64m") on a
+// fresh directory below t.TempDir() and returns it, for tests that need
+// exact free space. The unmount is registered at once, so it runs however the
+// test ends, and after the cleanups the test registers later (which stop
+// what still uses the mount): a mount still busy then is retried for a few
+// seconds, then detached lazily, and reported as a test error, never left
+// behind in silence.
+func Tmpfs(t testing.TB, size string) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to mount a tmpfs")
+	}
+	dir := filepath.Join(t.TempDir(), "tmpfs")
+	if err := os.Mkdir(dir, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size="+size+",mode=0750"); err != nil {
+		t.Fatalf("mount a tmpfs at %s: %v", dir, err)
+	}
+	t.Cleanup(func() { unmountOrReport(t, dir) })
+	return dir
+}
+
+// unmountOrReport unmounts dir, retrying while it is busy for up to 5 s,
+// then detaches it lazily and reports the test as failed.
+func unmountOrReport(t testing.TB, dir string) {
+	var err error
+	for range 50 {
+		err = unix.Unmount(dir, 0)
+		if err == nil || errors.Is(err, unix.EINVAL) || errors.Is(err, fs.ErrNotExist) {
+			return // unmounted, or not mounted (the test did it)
+		}
+		if !errors.Is(err, unix.EBUSY) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Errorf("cleanup: unmount %s: %v; detached it lazily (something the test started still uses it)", dir, err)
+	_ = unix.Unmount(dir, unix.MNT_DETACH)
 }
