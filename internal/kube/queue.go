@@ -2,6 +2,7 @@ package kube
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"time"
 
@@ -130,4 +131,16 @@ func (q *Queue[T]) ProcessNext(ctx context.Context, ready func(context.Context) 
 	err := sync(ctx, key)
 	q.Handle(ctx, key, err, err != nil && final(err))
 	return true
+}
+
+// ValidateBackoff reports why start and max cannot drive NewQueue's
+// backoff, or nil: the controllers' Config.Validate all check it alike.
+func ValidateBackoff(start, max time.Duration) error {
+	switch {
+	case start <= 0:
+		return fmt.Errorf("the initial retry interval must be positive, not %s", start)
+	case max < start:
+		return fmt.Errorf("the maximum retry interval %s is shorter than the initial one %s", max, start)
+	}
+	return nil
 }

@@ -112,10 +112,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("workers must be at least 1, not %d", c.Workers)
 	case c.PollInterval <= 0:
 		return fmt.Errorf("the poll interval must be positive, not %s", c.PollInterval)
-	case c.RetryIntervalStart <= 0:
-		return fmt.Errorf("the initial retry interval must be positive, not %s", c.RetryIntervalStart)
-	case c.RetryIntervalMax < c.RetryIntervalStart:
-		return fmt.Errorf("the maximum retry interval %s is shorter than the initial one %s", c.RetryIntervalMax, c.RetryIntervalStart)
+	case kube.ValidateBackoff(c.RetryIntervalStart, c.RetryIntervalMax) != nil:
+		return kube.ValidateBackoff(c.RetryIntervalStart, c.RetryIntervalMax)
 	case c.RefreshDelay < 0:
 		return fmt.Errorf("the refresh delay must not be negative, not %s", c.RefreshDelay)
 	}

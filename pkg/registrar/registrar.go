@@ -125,10 +125,8 @@ func (c Config) Validate() error {
 		return errors.New("the direct CSINode mode needs the VolumeAttachment informer")
 	case (c.Mode == ModeDirect || c.Client != nil) && c.NodeName == "":
 		return errors.New("the node name is empty")
-	case c.RetryIntervalStart <= 0:
-		return fmt.Errorf("the initial retry interval must be positive, not %s", c.RetryIntervalStart)
-	case c.RetryIntervalMax < c.RetryIntervalStart:
-		return fmt.Errorf("the maximum retry interval %s is shorter than the initial one %s", c.RetryIntervalMax, c.RetryIntervalStart)
+	case kube.ValidateBackoff(c.RetryIntervalStart, c.RetryIntervalMax) != nil:
+		return kube.ValidateBackoff(c.RetryIntervalStart, c.RetryIntervalMax)
 	case c.SocketCheckInterval < 0 || c.HealthTimeout < 0 || c.DriftCheckInterval < 0:
 		return errors.New("the socket check interval, health timeout and drift check interval must not be negative")
 	}
