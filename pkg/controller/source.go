@@ -1,8 +1,6 @@
 package controller
 
 import (
-	"strings"
-
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/loopvol/loopvol/pkg/pool"
 )
@@ -117,12 +115,19 @@ func sourcedSize(r *csi.CapacityRange, size, srcSize int64) (int64, error) {
 	return size, nil
 }
 
+// isSnapshotID tells a snapshot ID from a volume ID the way pkg/pool
+// parses them.
+func isSnapshotID(id string) bool {
+	_, err := pool.ParseSnapshotID(id)
+	return err == nil
+}
+
 // contentSource describes the recorded source of a volume for CSI.
 func contentSource(id string) *csi.VolumeContentSource {
 	switch {
 	case id == "":
 		return nil
-	case strings.Contains(id, ".snap-"):
+	case isSnapshotID(id):
 		return &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: id}}}
 	default:
 		return &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Volume{Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: id}}}
