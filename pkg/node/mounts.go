@@ -305,21 +305,38 @@ func (n *node) mountAtPath(p string) (mountEntry, bool, *resolved, error) {
 // entries are compared by device number only: a source name is chosen by
 // whoever mounts (a FUSE file system can call itself /dev/loop3).
 func (n *node) mountedFrom(e mountEntry, dev string) bool {
+	return deviceOf(dev).holds(e)
+}
+
+// device is a device node with its device number read once, for checks
+// against many mount entries (users reads the host's whole table).
+type device struct {
+	path string
+	rdev uint64
+	ok   bool // the number could be read
+}
+
+func deviceOf(path string) device {
+	r, err := rdev(path)
+	return device{path: path, rdev: r, ok: err == nil}
+}
+
+// holds is mountedFrom for d.
+func (d device) holds(e mountEntry) bool {
 	if !e.real {
-		return e.source == dev
+		return e.source == d.path
 	}
-	want, err := rdev(dev)
-	if err != nil {
+	if !d.ok {
 		return false
 	}
 	switch {
-	case e.dev == want:
+	case e.dev == d.rdev:
 		return true
 	case e.rootRdev != 0:
-		return e.rootRdev == want
+		return e.rootRdev == d.rdev
 	case e.fsType == "devtmpfs":
 		// A bind of a node of /dev: the root is the node's name in devtmpfs.
-		return e.root == "/"+filepath.Base(dev)
+		return e.root == "/"+filepath.Base(d.path)
 	}
 	return false
 }
@@ -334,12 +351,13 @@ func (n *node) users(dev string, skip ...string) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
+	d := deviceOf(dev)
 	var paths []string
 	for _, e := range es {
 		if contains(skip, e.path) {
 			continue
 		}
-		if n.mountedFrom(e, dev) {
+		if d.holds(e) {
 			paths = append(paths, e.path)
 		}
 	}
