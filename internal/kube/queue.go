@@ -2,10 +2,12 @@ package kube
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
 
+	"github.com/loopvol/loopvol/pkg/csiclient"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
 )
@@ -143,4 +145,21 @@ func ValidateBackoff(start, max time.Duration) error {
 		return fmt.Errorf("the maximum retry interval %s is shorter than the initial one %s", max, start)
 	}
 	return nil
+}
+
+// permanentError marks an error that no retry fixes until the object
+// changes (a bad spec, an object being deleted, a volume the driver cannot
+// handle at all): it is retried slowly, like a final gRPC error.
+type permanentError struct{ error }
+
+func (e permanentError) Unwrap() error { return e.error }
+
+// Permanent marks err as one no retry fixes until something changes.
+func Permanent(err error) error { return permanentError{err} }
+
+// IsFinal reports whether a sync error should not be retried hot: marked
+// Permanent, or a final gRPC outcome of the driver (csiclient.IsFinal).
+func IsFinal(err error) bool {
+	var p permanentError
+	return errors.As(err, &p) || csiclient.IsFinal(err)
 }

@@ -12,6 +12,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/loopvol/loopvol/internal/kube"
 	"github.com/loopvol/loopvol/pkg/csiclient"
 )
 
@@ -39,20 +40,12 @@ type target struct {
 	nodeID     string
 }
 
-// permanentError marks an error that no retry can fix until the object
-// changes (a bad spec, a PersistentVolume being deleted): it is retried
-// like a final gRPC error, slowly.
-type permanentError struct{ error }
-
-func (e permanentError) Unwrap() error { return e.error }
-
-func permanent(err error) error { return permanentError{err} }
-
-// isFinal reports whether err should not be retried hot.
-func isFinal(err error) bool {
-	var p permanentError
-	return errors.As(err, &p) || csiclient.IsFinal(err)
-}
+// permanent and isFinal are the shared sync-error classification
+// (kube.Permanent, kube.IsFinal).
+var (
+	permanent = kube.Permanent
+	isFinal   = kube.IsFinal
+)
 
 // resolve works out the volume, its capability, readonly flag, publish
 // secret reference and the node's CSI node ID of va.

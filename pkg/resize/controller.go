@@ -234,19 +234,11 @@ func (c *Controller) syncOne(ctx context.Context, key string) error {
 	return err
 }
 
-// permanentError marks an error no retry fixes until something changes
-// (a volume the driver cannot expand at all): retried slowly, like a final
-// gRPC error.
-type permanentError struct{ error }
-
-func (e permanentError) Unwrap() error { return e.error }
-
-func permanent(err error) error { return permanentError{err} }
-
-// isFinal reports whether err should not be retried hot.
-func isFinal(err error) bool {
-	var p permanentError
-	return errors.As(err, &p) || csiclient.IsFinal(err)
-}
+// permanent and isFinal are the shared sync-error classification
+// (kube.Permanent, kube.IsFinal).
+var (
+	permanent = kube.Permanent
+	isFinal   = kube.IsFinal
+)
 
 var _ CSI = (*csiclient.Client)(nil)
