@@ -72,3 +72,13 @@ func (hs *Handlers) Remove(logger klog.Logger) {
 		logger.V(4).Info("Could not remove event handlers", "err", err.Error())
 	}
 }
+
+// Tombstoned returns the object a delete event is about: the last known
+// state inside a cache.DeletedFinalStateUnknown (a delete the watch missed),
+// else obj itself.
+func Tombstoned(obj any) any {
+	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		return t.Obj
+	}
+	return obj
+}

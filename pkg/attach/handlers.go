@@ -121,9 +121,7 @@ func (c *Controller) ours(va *storagev1.VolumeAttachment) bool {
 }
 
 func (c *Controller) vaDeleted(obj any) {
-	if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-		obj = tomb.Obj
-	}
+	obj = kube.Tombstoned(obj)
 	va, ok := obj.(*storagev1.VolumeAttachment)
 	if !ok {
 		return

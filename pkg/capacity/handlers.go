@@ -42,7 +42,7 @@ func (c *Controller) addEventHandlers(ctx context.Context) (*kube.Handlers, erro
 	err := hs.Add(c.scInformer, cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(obj any) { c.classChanged(logger, nil, obj) },
 		UpdateFunc: func(oldObj, newObj any) { c.classChanged(logger, oldObj, newObj) },
-		DeleteFunc: func(obj any) { c.classChanged(logger, nil, tombstoned(obj)) },
+		DeleteFunc: func(obj any) { c.classChanged(logger, nil, kube.Tombstoned(obj)) },
 	}, 0)
 	if err == nil {
 		err = hs.Add(c.pvInformer, cache.ResourceEventHandlerDetailedFuncs{
@@ -53,28 +53,28 @@ func (c *Controller) addEventHandlers(ctx context.Context) (*kube.Handlers, erro
 				}
 			},
 			UpdateFunc: func(oldObj, newObj any) { c.pvChanged(logger, oldObj, newObj) },
-			DeleteFunc: func(obj any) { c.pvChanged(logger, nil, tombstoned(obj)) },
+			DeleteFunc: func(obj any) { c.pvChanged(logger, nil, kube.Tombstoned(obj)) },
 		}, 0)
 	}
 	if err == nil {
 		err = hs.Add(c.objInformer, cache.ResourceEventHandlerFuncs{
 			AddFunc:    func(obj any) { c.objectChanged(logger, obj) },
 			UpdateFunc: func(_, newObj any) { c.objectChanged(logger, newObj) },
-			DeleteFunc: func(obj any) { c.objectDeleted(logger, tombstoned(obj)) },
+			DeleteFunc: func(obj any) { c.objectDeleted(logger, kube.Tombstoned(obj)) },
 		}, 0)
 	}
 	if err == nil && c.csiNodeInformer != nil {
 		err = hs.Add(c.csiNodeInformer, cache.ResourceEventHandlerFuncs{
 			AddFunc:    func(obj any) { c.csiNodeChanged(logger, nil, obj) },
 			UpdateFunc: func(oldObj, newObj any) { c.csiNodeChanged(logger, oldObj, newObj) },
-			DeleteFunc: func(obj any) { c.csiNodeChanged(logger, nil, tombstoned(obj)) },
+			DeleteFunc: func(obj any) { c.csiNodeChanged(logger, nil, kube.Tombstoned(obj)) },
 		}, 0)
 	}
 	if err == nil && c.nodeInformer != nil {
 		err = hs.Add(c.nodeInformer, cache.ResourceEventHandlerFuncs{
 			AddFunc:    func(obj any) { c.nodeChanged(logger, nil, obj) },
 			UpdateFunc: func(oldObj, newObj any) { c.nodeChanged(logger, oldObj, newObj) },
-			DeleteFunc: func(obj any) { c.nodeChanged(logger, nil, tombstoned(obj)) },
+			DeleteFunc: func(obj any) { c.nodeChanged(logger, nil, kube.Tombstoned(obj)) },
 		}, 0)
 	}
 	if err != nil {
@@ -82,14 +82,6 @@ func (c *Controller) addEventHandlers(ctx context.Context) (*kube.Handlers, erro
 		return nil, err
 	}
 	return hs, nil
-}
-
-// tombstoned unwraps the last known state of a deleted object.
-func tombstoned(obj any) any {
-	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-		return t.Obj
-	}
-	return obj
 }
 
 // classChanged queues the items of a StorageClass of the driver that

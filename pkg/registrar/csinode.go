@@ -317,9 +317,7 @@ func (c *csiNodeController) csiNodeChanged(obj any) {
 }
 
 func (c *csiNodeController) csiNodeDeleted(obj any) {
-	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-		obj = t.Obj
-	}
+	obj = kube.Tombstoned(obj)
 	if node, ok := obj.(*storagev1.CSINode); ok && node.Name == c.node {
 		c.queue.Q.Add(c.node)
 	}

@@ -87,9 +87,7 @@ func (c *Controller) shouldEnqueue(old, pvc *corev1.PersistentVolumeClaim) bool 
 }
 
 func (c *Controller) claimDeleted(obj any) {
-	if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-		obj = tomb.Obj
-	}
+	obj = kube.Tombstoned(obj)
 	pvc, ok := obj.(*corev1.PersistentVolumeClaim)
 	if !ok {
 		return
@@ -111,9 +109,7 @@ func (c *Controller) volumeAdded(obj any) {
 }
 
 func (c *Controller) volumeDeleted(obj any) {
-	if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-		obj = tomb.Obj
-	}
+	obj = kube.Tombstoned(obj)
 	if pv, ok := obj.(*corev1.PersistentVolume); ok {
 		c.state.dropVolume(pv.Name)
 	}
