@@ -105,6 +105,7 @@ var controllerCaps = []csi.ControllerServiceCapability_RPC_Type{
 	csi.ControllerServiceCapability_RPC_LIST_SNAPSHOTS,
 	csi.ControllerServiceCapability_RPC_GET_SNAPSHOT,
 	csi.ControllerServiceCapability_RPC_CLONE_VOLUME,
+	csi.ControllerServiceCapability_RPC_MODIFY_VOLUME,
 }
 
 // ControllerGetCapabilities lists what the Controller service does.

@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -26,6 +27,10 @@ func (s *Server) createVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 	if err := validateParameters(req.GetParameters()); err != nil {
 		return nil, err
 	}
+	mut, err := s.parseMutable(req.GetMutableParameters())
+	if err != nil {
+		return nil, err
+	}
 	size, err := requestedSize(req.GetCapacityRange(), shape.accessType, shape.fsType)
 	if err != nil {
 		return nil, err
@@ -40,6 +45,9 @@ func (s *Server) createVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 		if size, err = sourcedSize(req.GetCapacityRange(), size, src.spec.SizeBytes); err != nil {
 			return nil, err
 		}
+	}
+	if err := checkCreateMutable(req, mut, src); err != nil {
+		return nil, err
 	}
 	unlock, ok := s.names.tryLock(req.GetName())
 	if !ok {
@@ -61,7 +69,7 @@ func (s *Server) createVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 	if p, v, err := s.findByName(req.GetName()); err != nil {
 		return nil, err
 	} else if v != nil {
-		if err := compatible(v, req, shape, src); err != nil {
+		if err := compatible(v, req, shape, src, mut); err != nil {
 			return nil, kindf(errExists, "volume %q exists as %s with other properties: %v", req.GetName(), v.ID, err)
 		}
 		logger.V(4).Info("Volume exists already", "volumeID", v.ID)
@@ -71,7 +79,7 @@ func (s *Server) createVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 	var p *pool.Pool
 	if src != nil {
 		p = src.pool
-	} else if p, err = s.choosePool(req, size); err != nil {
+	} else if p, err = s.choosePool(req, mut.pool, size); err != nil {
 		return nil, err
 	}
 	// The pool re-checks the space under its pool lock, with the
@@ -83,6 +91,7 @@ func (s *Server) createVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 		FsType:      shape.fsType,
 		AccessModes: shape.modes,
 		Parameters:  storedParameters(req.GetParameters()),
+		Thin:        mut.thin != nil && *mut.thin,
 		Source:      src.poolSource(),
 	})
 	if err != nil {
@@ -134,7 +143,7 @@ func (s *Server) findByName(name string) (*pool.Pool, *pool.Volume, error) {
 }
 
 // compatible says why an existing volume does not satisfy req, or nil.
-func compatible(v *pool.Volume, req *csi.CreateVolumeRequest, shape volumeShape, src *source) error {
+func compatible(v *pool.Volume, req *csi.CreateVolumeRequest, shape volumeShape, src *source, mut mutable) error {
 	if want := src.id(); v.Source != want {
 		return fmt.Errorf("it was made from %q, the request asks for %q", v.Source, want)
 	}
@@ -154,15 +163,22 @@ func compatible(v *pool.Volume, req *csi.CreateVolumeRequest, shape volumeShape,
 	if v.Parameters[ParameterPool] != req.GetParameters()[ParameterPool] {
 		return fmt.Errorf("its pool parameter is %q, the request gives %q", v.Parameters[ParameterPool], req.GetParameters()[ParameterPool])
 	}
+	if id, _ := pool.ParseVolumeID(v.ID); mut.pool != "" && id.Pool != mut.pool {
+		return fmt.Errorf("it is in pool %s, the request's mutable parameters ask for pool %s", id.Pool, mut.pool)
+	}
+	if mut.thin != nil && v.Thin != *mut.thin {
+		return fmt.Errorf("its preallocate is %t, the request's mutable parameters ask for %t", !v.Thin, !*mut.thin)
+	}
 	return nil
 }
 
-// choosePool picks the pool for a new volume: the "pool" parameter if given,
-// else the pools in the zones of the preferred segments (in order), then of
+// choosePool picks the pool for a new volume: the "pool" parameter or
+// mutable parameter (poolName) if given, else the pools in the zones of the preferred segments (in order), then of
 // the requisite ones, then any; among equals the one with most space.
-func (s *Server) choosePool(req *csi.CreateVolumeRequest, size int64) (*pool.Pool, error) {
+func (s *Server) choosePool(req *csi.CreateVolumeRequest, poolName string, size int64) (*pool.Pool, error) {
 	candidates := s.poolNames
-	if name, ok := req.GetParameters()[ParameterPool]; ok {
+	if name, ok := req.GetParameters()[ParameterPool]; ok || poolName != "" {
+		name = cmp.Or(name, poolName)
 		if _, known := s.pools[name]; !known {
 			return nil, invalid("parameter pool: no pool %q (pools: %s)", name, strings.Join(s.poolNames, ", "))
 		}

@@ -164,7 +164,8 @@ func roundUp(n, unit int64) int64 { return (n + unit - 1) / unit * unit }
 // also bounded by the longest Kubernetes qualified name (a 253-byte DNS
 // prefix, '/', a 63-byte name): every key loopvol knows ("pool",
 // "csi.storage.k8s.io/...") is one, so a longer key is never a known one.
-// loopvol has no mutable parameters (no ControllerModifyVolume).
+// Mutable parameters (modify.go) are a closed set of short keys checked
+// one by one.
 const (
 	maxParameters       = 512
 	maxParametersBytes  = 256 << 10

@@ -167,7 +167,7 @@ func (p *Pool) CreateSnapshot(name string, src *Volume, progress Progress) (*Sna
 	if err := p.writeSnapshot(s); err != nil {
 		return nil, err
 	}
-	method, err := p.copyImage(stem, srcID.Hash, src.SizeBytes, 0, progress)
+	method, err := p.copyImage(stem, srcID.Hash, src.SizeBytes, 0, false, progress)
 	if err == nil {
 		s.ReadyToUse, s.Method = true, method
 		err = p.writeSnapshot(s)
@@ -184,9 +184,9 @@ func (p *Pool) CreateSnapshot(name string, src *Volume, progress Progress) (*Sna
 // copyImage makes the image dst+".img" from the image src+".img" (a
 // volume's or a snapshot's) of srcSize bytes. size 0 makes a snapshot:
 // read-only, sparse, owning only the source's data blocks. size > 0 makes a
-// volume of that size: the rest is allocated as for a new volume, so it
-// keeps its promise.
-func (p *Pool) copyImage(dst, src string, srcSize, size int64, progress Progress) (string, error) {
+// volume of that size: unless thin, the rest is allocated as for a new
+// volume, so it keeps its promise.
+func (p *Pool) copyImage(dst, src string, srcSize, size int64, thin bool, progress Progress) (string, error) {
 	in, _, err := p.vols.open(src+imageSuffix, unix.O_RDONLY)
 	if errors.Is(err, fs.ErrNotExist) {
 		return "", fmt.Errorf("image %s is missing: %w", src+imageSuffix, ErrCorrupt)
@@ -205,7 +205,7 @@ func (p *Pool) copyImage(dst, src string, srcSize, size int64, progress Progress
 	}
 	out := os.NewFile(uintptr(fd), p.vols.path+"/"+dst+imageSuffix)
 	defer out.Close()
-	method, err := p.fill(out, in, srcSize, size, progress)
+	method, err := p.fill(out, in, srcSize, size, thin, progress)
 	if err == nil {
 		err = out.Sync()
 	}
@@ -219,7 +219,7 @@ func (p *Pool) copyImage(dst, src string, srcSize, size int64, progress Progress
 // fill makes out a copy of in (see copyImage). The space check and the
 // reservation run under the pool lock; the copy itself after it, into
 // blocks already reserved.
-func (p *Pool) fill(out, in *os.File, srcSize, size int64, progress Progress) (string, error) {
+func (p *Pool) fill(out, in *os.File, srcSize, size int64, thin bool, progress Progress) (string, error) {
 	unlock, err := p.lockCapacity()
 	if err != nil {
 		return "", err
@@ -240,15 +240,23 @@ func (p *Pool) fill(out, in *os.File, srcSize, size int64, progress Progress) (s
 	if err != nil {
 		return "", err
 	}
+	// A thick volume's image is allocated whole; a thin one's (and a
+	// snapshot's) only where the source holds data, so the copy into it
+	// cannot run out of space half-way.
+	thick := size > 0 && !thin
 	if cloned {
-		if size > 0 {
+		if thick {
 			if err := growFile(out, size); err != nil {
 				return "", err
+			}
+		} else if size > 0 {
+			if err := out.Truncate(size); err != nil {
+				return "", fmt.Errorf("size %s: %w", out.Name(), err)
 			}
 		}
 		return CopyReflink, nil
 	}
-	if size > 0 {
+	if thick {
 		if err := growFile(out, size); err != nil {
 			return "", err
 		}
@@ -258,9 +266,9 @@ func (p *Pool) fill(out, in *os.File, srcSize, size int64, progress Progress) (s
 			return "", err
 		}
 		if need > avail {
-			return "", fmt.Errorf("pool %s has %d bytes available, the snapshot copy needs %d: %w", p.Name, avail, need, ErrNoSpace)
+			return "", fmt.Errorf("pool %s has %d bytes available, the copy needs %d: %w", p.Name, avail, need, ErrNoSpace)
 		}
-		if err := out.Truncate(srcSize); err != nil {
+		if err := out.Truncate(max(size, srcSize)); err != nil {
 			return "", fmt.Errorf("size %s: %w", out.Name(), err)
 		}
 		if err := reserveData(out, in, srcSize); err != nil {

@@ -38,6 +38,17 @@ type Volume struct {
 	// Source is the ID of the snapshot or volume this volume was made
 	// from, if any.
 	Source string `json:"source,omitempty"`
+	// Thin says the image is sparse (mutable parameter preallocate
+	// "false"): its blocks are allocated as they are written, and their
+	// promise is still counted in the pool's capacity. It is written only
+	// once the image is laid out so; false (every record made before
+	// preallocate existed) is a fully allocated image.
+	Thin bool `json:"thin,omitempty"`
+	// Modifying holds the mutable parameters a ControllerModifyVolume is
+	// applying: written before the image changes, removed together with
+	// the new Thin once it has. A record that still has it is the remains
+	// of a modify that crashed half-way; the caller's retry finishes it.
+	Modifying map[string]string `json:"modifying,omitempty"`
 	// Generation counts the writes of this record.
 	Generation int64 `json:"generation"`
 }
@@ -60,6 +71,8 @@ type VolumeSpec struct {
 	FsType      string
 	AccessModes []string
 	Parameters  map[string]string
+	// Thin makes a sparse image instead of a fully allocated one.
+	Thin bool
 	// Source, if set, is what the new image starts as: a snapshot or a
 	// volume of this pool, whose lock the caller holds.
 	Source *Source
@@ -126,7 +139,7 @@ func (p *Pool) CreateVolume(spec VolumeSpec) (*Volume, error) {
 		return nil, fmt.Errorf("remove unfinished image: %w", err)
 	}
 	if spec.Source == nil {
-		if err := p.allocate(id, spec.SizeBytes); err != nil {
+		if err := p.allocate(id, spec.SizeBytes, spec.Thin); err != nil {
 			return nil, err
 		}
 	} else {
@@ -137,7 +150,7 @@ func (p *Pool) CreateVolume(spec VolumeSpec) (*Volume, error) {
 		if spec.Source.SizeBytes > spec.SizeBytes {
 			return nil, fmt.Errorf("volume size %d is below its source's %d", spec.SizeBytes, spec.Source.SizeBytes)
 		}
-		if _, err := p.copyImage(id.Hash, stem, spec.Source.SizeBytes, spec.SizeBytes, nil); err != nil {
+		if _, err := p.copyImage(id.Hash, stem, spec.Source.SizeBytes, spec.SizeBytes, spec.Thin, nil); err != nil {
 			return nil, err
 		}
 	}
@@ -151,6 +164,7 @@ func (p *Pool) CreateVolume(spec VolumeSpec) (*Volume, error) {
 		Parameters:  spec.Parameters,
 		Created:     time.Now().UTC().Truncate(time.Second),
 		Attachments: []Attachment{},
+		Thin:        spec.Thin,
 	}
 	if spec.Source != nil {
 		v.Source = spec.Source.ID
@@ -165,10 +179,10 @@ func (p *Pool) CreateVolume(spec VolumeSpec) (*Volume, error) {
 // allocate creates the image file and reserves its blocks, so that a volume
 // never runs out of the space it was promised: under the pool lock, check
 // that the pool has room, then take it. Filesystems without fallocate (some
-// NFS servers) get a sparse file; Usage then counts the unallocated rest as
-// promised. The fsync runs after the pool lock is released: the allocation
+// NFS servers) get a sparse file, and so does a thin volume; Usage then
+// counts the unallocated rest as promised. The fsync runs after the pool lock is released: the allocation
 // is visible to statfs as soon as fallocate returns.
-func (p *Pool) allocate(id VolumeID, size int64) error {
+func (p *Pool) allocate(id VolumeID, size int64, thin bool) error {
 	unlock, err := p.lockCapacity()
 	if err != nil {
 		return err
@@ -189,7 +203,11 @@ func (p *Pool) allocate(id VolumeID, size int64) error {
 	}
 	f := os.NewFile(uintptr(fd), p.ImagePath(id))
 	defer f.Close()
-	err = growFile(f, size)
+	if thin {
+		err = f.Truncate(size)
+	} else {
+		err = growFile(f, size)
+	}
 	unlock()
 	if err == nil {
 		err = f.Sync()

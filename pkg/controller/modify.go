@@ -1,0 +1,149 @@
+package controller
+
+import (
+	"context"
+	"slices"
+	"strings"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/loopvol/loopvol/pkg/pool"
+	"k8s.io/klog/v2"
+)
+
+// Mutable parameters: the keys a VolumeAttributesClass of loopvol.csi.io may
+// carry, which ControllerModifyVolume applies and CreateVolume accepts
+// (CSI mutable_parameters). deploy/kubernetes/base/admission/
+// volumeattributesclass-parameters.yaml checks the same rules.
+const (
+	// MutablePreallocate is "true" (the image fully allocated, thick) or
+	// "false" (sparse, thin: blocks allocated as they are written, their
+	// promise still counted in the pool's capacity).
+	MutablePreallocate = "preallocate"
+	// MutablePool names the pool the volume is in. Only the volume's own
+	// pool is accepted: a move between pools is not implemented (see
+	// parseMutable).
+	MutablePool = ParameterPool
+)
+
+// notEnforced are keys users ask for (docs/snapshots.md) that loopvol does
+// not apply; they are refused with the reason rather than accepted and
+// ignored, since a limit that is not enforced is worse than none.
+var notEnforced = map[string]string{
+	"ioLimitMiBps": "an io.max limit would have to be set in the cgroup of every Pod that writes to the volume " +
+		"(the kernel charges a loop device's I/O to the writer's cgroup, and io.max cannot be set at the root), which a CSI driver does not know",
+	"ioLimitIOPS": "an io.max limit would have to be set in the cgroup of every Pod that writes to the volume " +
+		"(the kernel charges a loop device's I/O to the writer's cgroup, and io.max cannot be set at the root), which a CSI driver does not know",
+}
+
+// mutable is what a set of mutable parameters asks for; nil and "" mean the
+// key was not given.
+type mutable struct {
+	thin *bool
+	pool string
+}
+
+// parseMutable checks mutable parameters strictly, before anything is
+// changed: an unknown key or an invalid value is INVALID_ARGUMENT naming
+// the key, which external-resizer reports as infeasible (it does not retry
+// hot). Keys are checked in sorted order, so the same request always gets
+// the same message.
+func (s *Server) parseMutable(params map[string]string) (mutable, error) {
+	var m mutable
+	keys := make([]string, 0, len(params))
+	for k := range params {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		v := params[k]
+		if len(k) > maxParameterKeyLen || len(v) > maxObjectNameLength {
+			return m, invalid("mutable parameter %.64q... is too long for any loopvol key or value", k)
+		}
+		switch k {
+		case MutablePreallocate:
+			switch v {
+			case "true", "false":
+				thin := v == "false"
+				m.thin = &thin
+			default:
+				return m, invalid("mutable parameter %q is %q; it is \"true\" (thick) or \"false\" (thin)", k, v)
+			}
+		case MutablePool:
+			if _, ok := s.pools[v]; !ok {
+				return m, invalid("mutable parameter %q: no pool %q (pools: %s)", k, v, strings.Join(s.poolNames, ", "))
+			}
+			m.pool = v
+		default:
+			if why, ok := notEnforced[k]; ok {
+				return m, invalid("mutable parameter %q is not supported: loopvol cannot enforce it: %s", k, why)
+			}
+			return m, invalid("mutable parameter %q is not known; loopvol takes %q and %q", k, MutablePreallocate, MutablePool)
+		}
+	}
+	return m, nil
+}
+
+// ControllerModifyVolume applies a VolumeAttributesClass's mutable
+// parameters to a volume.
+func (s *Server) ControllerModifyVolume(ctx context.Context, req *csi.ControllerModifyVolumeRequest) (*csi.ControllerModifyVolumeResponse, error) {
+	return answer(s.controllerModifyVolume(ctx, req))
+}
+
+// controllerModifyVolume: validate → lock → read → apply. Applying what the
+// volume already has answers success without a write, so a retry is
+// harmless; the record says what is applied (pool.SetLayout has the crash
+// order).
+//
+// pool: the volume's own pool is accepted (a class may name where its
+// volumes live); another pool is INVALID_ARGUMENT, infeasible: the
+// volume's ID names its pool, and the node service finds a staged volume's
+// image through it, so a move that keeps the ID needs a forwarding record
+// read by both services and a copy-then-switch protocol, which loopvol does
+// not have yet.
+func (s *Server) controllerModifyVolume(ctx context.Context, req *csi.ControllerModifyVolumeRequest) (*csi.ControllerModifyVolumeResponse, error) {
+	if req.GetVolumeId() == "" {
+		return nil, invalid("volume_id is required")
+	}
+	m, err := s.parseMutable(req.GetMutableParameters())
+	if err != nil {
+		return nil, err
+	}
+	err = s.withVolume(req.GetVolumeId(), func(p *pool.Pool, v *pool.Volume) error {
+		if m.pool != "" && m.pool != p.Name {
+			return invalid("mutable parameter %q: volume %s is in pool %s; moving a volume to another pool (%s) is not implemented",
+				MutablePool, v.ID, p.Name, m.pool)
+		}
+		if m.thin == nil {
+			return nil
+		}
+		was := v.Thin
+		if err := p.SetLayout(v, *m.thin, req.GetMutableParameters()); err != nil {
+			return err
+		}
+		if was != v.Thin {
+			klog.FromContext(ctx).V(2).Info("Modified volume", "volumeID", v.ID, "thin", v.Thin)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &csi.ControllerModifyVolumeResponse{}, nil
+}
+
+// checkCreateMutable checks CreateVolume's mutable parameters (parsed
+// already) against the rest of the request: a pool given both as a
+// parameter and as a mutable parameter must be the same, and a volume made
+// from a source lands in the source's pool.
+func checkCreateMutable(req *csi.CreateVolumeRequest, m mutable, src *source) error {
+	if m.pool == "" {
+		return nil
+	}
+	if p, ok := req.GetParameters()[ParameterPool]; ok && p != m.pool {
+		return invalid("parameter %q is %q and mutable parameter %q is %q; a volume is in one pool", ParameterPool, p, MutablePool, m.pool)
+	}
+	if src != nil && src.pool.Name != m.pool {
+		return invalid("mutable parameter %q is %q, but the volume's source %s is in pool %s, where its copy is made", MutablePool, m.pool, src.id(), src.pool.Name)
+	}
+	return nil
+}
