@@ -41,8 +41,8 @@ func run(args []string) error {
 	repo := fs.String("repo", "localhost/loopvol", "Repository the images are named in: <repo>/<image>:<tag>.")
 	created := fs.String("created", "0", "Creation time of the images in seconds since the epoch (e.g. the commit's), so that builds repeat bit for bit.")
 	only := fs.String("images", "", "Comma-separated images to build (default: all).")
-	toolDir := fs.String("tools", "", "Directory of the one-node cluster's tool binaries csi-provisioner and pause (hack/tools/build.sh builds them into bin/); when set, their images "+
-		"<repo>/csi-provisioner and <repo>/pause are built too, tagged with the tool's version.")
+	toolDir := fs.String("tools", "", "Directory of the one-node cluster's tool binaries csi-provisioner, csi-attacher and pause (hack/tools/build.sh builds them into bin/); when set, their images "+
+		"<repo>/csi-provisioner, <repo>/csi-attacher and <repo>/pause are built too, tagged with the tool's version.")
 	var tagList tags
 	fs.Var(&tagList, "tag", "Tag of the images; repeat for more (default: dev). The first is also the version label.")
 	if err := fs.Parse(args); err != nil {

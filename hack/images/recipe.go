@@ -131,6 +131,21 @@ var toolRecipes = []toolRecipe{
 		tag: "v6.4.0",
 	},
 	{
+		// The upstream attacher that test/cluster's switching scenario
+		// puts in place of loopvol's sidecar and back
+		// (deploy/kubernetes/components/upstream-attacher); the tag is
+		// the version hack/tools/attacher/go.mod pins.
+		recipe: recipe{
+			name:       "csi-attacher",
+			from:       "scratch",
+			tree:       "controller",
+			binaries:   []placement{{src: "csi-attacher", dst: "/csi-attacher"}},
+			user:       "65532:65532",
+			entrypoint: []string{"/csi-attacher"},
+		},
+		tag: "v4.13.0",
+	},
+	{
 		// The pods' sandbox image (containerd's sandbox_image, kubelet's
 		// --pod-infra-container-image): hack/tools/pause, which sleeps
 		// until SIGTERM and reaps children. 65535 as upstream's pause.

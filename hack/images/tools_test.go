@@ -11,8 +11,9 @@ import (
 )
 
 // TestToolImagesAreTheClusterOnes holds the tool images' tags to what the
-// rest of the repository expects of them: the provisioner's to the version
-// hack/tools builds and to overlays/local's newTag, pause's to the sandbox
+// rest of the repository expects of them: the provisioner's and the
+// attacher's to the versions hack/tools builds, the provisioner's to
+// overlays/local's newTag, pause's to the sandbox
 // image of internal/cluster, busybox's to the tests' workload image.
 func TestToolImagesAreTheClusterOnes(t *testing.T) {
 	read := func(p string) string {
@@ -27,9 +28,13 @@ func TestToolImagesAreTheClusterOnes(t *testing.T) {
 	for _, r := range toolRecipes {
 		tags[r.name] = r.tag
 	}
-	gomod := read("hack/tools/provisioner/go.mod")
-	if want := "github.com/kubernetes-csi/external-provisioner/v6 " + tags["csi-provisioner"] + "\n"; !strings.Contains(gomod, want) {
-		t.Errorf("hack/tools/provisioner/go.mod does not require %q", strings.TrimSpace(want))
+	for name, pin := range map[string]struct{ gomod, module string }{
+		"csi-provisioner": {"hack/tools/provisioner/go.mod", "github.com/kubernetes-csi/external-provisioner/v6"},
+		"csi-attacher":    {"hack/tools/attacher/go.mod", "github.com/kubernetes-csi/external-attacher/v4"},
+	} {
+		if want := pin.module + " " + tags[name] + "\n"; !strings.Contains(read(pin.gomod), want) {
+			t.Errorf("%s does not require %q", pin.gomod, strings.TrimSpace(want))
+		}
 	}
 	overlay := read("deploy/kubernetes/overlays/local/kustomization.yaml")
 	if !regexp.MustCompile(`newName: localhost/loopvol/csi-provisioner\s+newTag: ` + regexp.QuoteMeta(tags["csi-provisioner"]) + `\n`).MatchString(overlay) {

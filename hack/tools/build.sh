@@ -2,14 +2,16 @@
 # Builds the real Kubernetes binaries that loopvol's tests run (by default
 # kube-apiserver and etcd, for envtest) and those of the one-node cluster
 # (internal/cluster) from the versions pinned in the go.mod files here:
-# go.mod (Kubernetes), etcd/, containerd/, runc/, provisioner/ and pause/.
+# go.mod (Kubernetes), etcd/, containerd/, runc/, provisioner/, attacher/
+# and pause/.
 #
 # Usage: hack/tools/build.sh [BIN_DIR] [NAME...]
 #   BIN_DIR  where the binaries go (default: <repo root>/bin)
 #   NAME     kube-apiserver, etcd, any k8s.io/kubernetes/cmd/<NAME>
 #            (kubelet, kubectl, kube-scheduler, kube-controller-manager, ...),
 #            containerd, containerd-shim-runc-v2, ctr, runc, csi-provisioner,
-#            pause, or "cluster" for everything the one-node cluster runs
+#            csi-attacher, pause, or "cluster" for everything the one-node
+#            cluster and its tests run
 #            default: kube-apiserver etcd
 #
 # A cold build takes 10-15 minutes on 2 cores, so finished binaries are kept
@@ -28,7 +30,7 @@ names=()
 for name in "$@"; do
 	if [[ $name == cluster ]]; then
 		names+=(etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl
-			containerd containerd-shim-runc-v2 ctr runc csi-provisioner pause)
+			containerd containerd-shim-runc-v2 ctr runc csi-provisioner csi-attacher pause)
 	else
 		names+=("$name")
 	fi
@@ -156,6 +158,17 @@ describe() {
 		cache_dir=$cache_root/csi-provisioner-$version
 		eta="~3-5 minutes"
 		;;
+	csi-attacher)
+		# Upstream's attacher: the real-cluster tests switch loopvol's
+		# sidecar to it and back.
+		mod_dir=$here/attacher
+		local m=github.com/kubernetes-csi/external-attacher/v4
+		pkg=$m/cmd/csi-attacher
+		version=$(mod_version "$mod_dir/go.mod" $m)
+		ldflags="-s -w -X main.version=$version"
+		cache_dir=$cache_root/csi-attacher-$version
+		eta="~2-4 minutes"
+		;;
 	pause)
 		mod_dir=$here
 		pkg=./pause
@@ -167,7 +180,7 @@ describe() {
 		eta="seconds"
 		;;
 	*)
-		die "unknown tool '$1' (want etcd, a k8s.io/kubernetes/cmd name, containerd, containerd-shim-runc-v2, ctr, runc, csi-provisioner, pause or cluster)"
+		die "unknown tool '$1' (want etcd, a k8s.io/kubernetes/cmd name, containerd, containerd-shim-runc-v2, ctr, runc, csi-provisioner, csi-attacher, pause or cluster)"
 		;;
 	esac
 	[[ -n $version ]] || die "no version of $1 in $mod_dir/go.mod"

@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -29,19 +30,37 @@ import (
 )
 
 // deployDirs are the kustomizations a user applies: the base and every
-// overlay.
-var deployDirs = []string{"base", "overlays/local", "overlays/dev", "overlays/shared", "overlays/distributed"}
+// overlay, and each component on the base ("base+components/<name>").
+var deployDirs = []string{"base", "overlays/local", "overlays/dev", "overlays/shared", "overlays/distributed",
+	"base+components/upstream-attacher"}
 
 // renderDeploy renders deploy/kubernetes/<dir> with kustomize's library,
-// as `kubectl apply -k` would, and returns its objects.
+// as `kubectl apply -k` would, and returns its objects. A dir of the form
+// "<resource>+<component>" is rendered through a kustomization of its own
+// that lists both, as a user's overlay would.
 func renderDeploy(t *testing.T, dir string) []*unstructured.Unstructured {
 	t.Helper()
 	root, err := testenv.RepoRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
+	path := filepath.Join(root, "deploy", "kubernetes", dir)
+	if resource, component, ok := strings.Cut(dir, "+"); ok {
+		// Beside the others: kustomize loads no file from outside its
+		// root, but relative directories are kustomizations of their own.
+		path = filepath.Join(t.TempDir(), "overlay")
+		k := fmt.Sprintf("apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - %s\ncomponents:\n  - %s\n",
+			relTo(t, path, filepath.Join(root, "deploy", "kubernetes", resource)),
+			relTo(t, path, filepath.Join(root, "deploy", "kubernetes", component)))
+		if err := os.MkdirAll(path, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(path, "kustomization.yaml"), []byte(k), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
 	k := krusty.MakeKustomizer(krusty.MakeDefaultOptions())
-	res, err := k.Run(filesys.MakeFsOnDisk(), filepath.Join(root, "deploy", "kubernetes", dir))
+	res, err := k.Run(filesys.MakeFsOnDisk(), path)
 	if err != nil {
 		t.Fatalf("kustomize build %s: %v", dir, err)
 	}
@@ -54,6 +73,15 @@ func renderDeploy(t *testing.T, dir string) []*unstructured.Unstructured {
 		objs = append(objs, &unstructured.Unstructured{Object: m})
 	}
 	return objs
+}
+
+func relTo(t *testing.T, from, to string) string {
+	t.Helper()
+	rel, err := filepath.Rel(from, to)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rel
 }
 
 // warnings collects the warnings the API server sends one client
