@@ -51,6 +51,7 @@ const (
 	polVAStatus    = "loopvol-volumeattachment-status"
 	polCapacity    = "loopvol-csistoragecapacity-writers"
 	polPVCModes    = "loopvol-pvc-access-modes"
+	polVACParams   = "loopvol-volumeattributesclass-parameters"
 
 	// Identities of kube-controller-manager's controllers (as with
 	// --use-service-account-credentials): the API server's bootstrap RBAC
@@ -100,6 +101,7 @@ func TestAdmission(t *testing.T) {
 	t.Run("VolumeAttachment status", a.testVolumeAttachmentStatus)
 	t.Run("CSIStorageCapacity writers", a.testCapacityWriters)
 	t.Run("PVC access modes", a.testPVCAccessModes)
+	t.Run("VolumeAttributesClass parameters", a.testVACParameters)
 	// Last: it deletes the params object.
 	t.Run("params missing", a.testParamsMissing)
 }
@@ -271,7 +273,7 @@ func (a *admissionRig) load() {
 	if a.params == nil || a.params.Name != admParams || a.params.Namespace != admNamespace {
 		t.Fatalf("want the params ConfigMap %s/%s in the kustomization", admNamespace, admParams)
 	}
-	want := []string{polClassParams, polClassListed, polVAStatus, polCapacity, polPVCModes}
+	want := []string{polClassParams, polClassListed, polVAStatus, polCapacity, polPVCModes, polVACParams}
 	var got []string
 	for _, p := range a.policies {
 		got = append(got, p.Name)
@@ -786,6 +788,79 @@ func (a *admissionRig) testStorageClassParameters(t *testing.T) {
 			sc := name(fmt.Sprintf("class-%d", i))
 			err := a.createClassOf(a.ctx, a.admin, sc, prov, tc.params, nil, false)
 			tc.want.check(t, "StorageClass "+sc+" with "+fmt.Sprint(tc.params), err)
+		})
+	}
+	a.warned.take()
+}
+
+// createVAC creates a VolumeAttributesClass (a dry run if dryRun) and, if
+// it was made, deletes it when the test ends.
+func (a *admissionRig) createVAC(ctx context.Context, name, driver string, params map[string]string, dryRun bool) error {
+	vac := &storagev1.VolumeAttributesClass{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: a.labels()},
+		DriverName: driver,
+		Parameters: params,
+	}
+	opts := metav1.CreateOptions{}
+	if dryRun {
+		opts.DryRun = []string{metav1.DryRunAll}
+	}
+	_, err := a.admin.StorageV1().VolumeAttributesClasses().Create(ctx, vac, opts)
+	if err == nil && !dryRun {
+		a.t.Cleanup(func() {
+			a.cleanupErr(a.t, "VolumeAttributesClass "+name, a.admin.StorageV1().VolumeAttributesClasses().Delete(context.WithoutCancel(a.ctx), name, metav1.DeleteOptions{}))
+		})
+	}
+	return err
+}
+
+// testVACParameters: the rules of pkg/controller parseMutable, at the API
+// server.
+func (a *admissionRig) testVACParameters(t *testing.T) {
+	name := func(s string) string { return "e2e-" + a.id + "-" + s }
+	a.waitEnforced(t, "a class with an unknown key", deniedBy(polVACParams, metav1.StatusReasonInvalid), func(ctx context.Context) error {
+		return a.createVAC(ctx, name("vac-probe"), driverName, map[string]string{"XXX_FakeKey": "v"}, true)
+	})
+	for i, tc := range []struct {
+		name   string
+		driver string
+		params map[string]string
+		want   verdict
+	}{
+		{name: "thin", params: map[string]string{"preallocate": "false"}, want: allowed},
+		{name: "thick in a pool", params: map[string]string{"preallocate": "true", "pool": "fast-nvme"}, want: allowed},
+		{
+			name:   "unknown keys, sorted",
+			params: map[string]string{"zzz": "1", "preAllocate": "true"},
+			want: deniedBy(polVACParams, metav1.StatusReasonInvalid,
+				"VolumeAttributesClass "+name("vac-2")+" of loopvol.csi.io has parameters loopvol does not know: preAllocate, zzz. loopvol takes preallocate"),
+		},
+		{
+			name:   "io limits",
+			params: map[string]string{"ioLimitMiBps": "100", "ioLimitIOPS": "1000"},
+			want:   deniedBy(polVACParams, metav1.StatusReasonInvalid, "asks for ioLimitIOPS, ioLimitMiBps, which loopvol cannot enforce", "io.max"),
+		},
+		{
+			name:   "preallocate yes",
+			params: map[string]string{"preallocate": "yes"},
+			want:   deniedBy(polVACParams, metav1.StatusReasonInvalid, `preallocate "yes" is neither "true"`),
+		},
+		{
+			name:   "preallocate True",
+			params: map[string]string{"preallocate": "True"},
+			want:   deniedBy(polVACParams, metav1.StatusReasonInvalid, `preallocate "True"`),
+		},
+		{
+			name:   "pool with capitals",
+			params: map[string]string{"pool": "Fast"},
+			want:   deniedBy(polVACParams, metav1.StatusReasonInvalid, `pool "Fast" cannot name a loopvol pool`, "DNS-1123 labels"),
+		},
+		{name: "another driver's class", driver: admOtherDriver, params: map[string]string{"XXX_FakeKey": "v", "preallocate": "yes"}, want: allowed},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			vac := name(fmt.Sprintf("vac-%d", i))
+			err := a.createVAC(a.ctx, vac, cmp.Or(tc.driver, driverName), tc.params, false)
+			tc.want.check(t, "VolumeAttributesClass "+vac+" with "+fmt.Sprint(tc.params), err)
 		})
 	}
 	a.warned.take()
