@@ -61,6 +61,7 @@ test-e2e: build tools ##@ Real binaries against a real kube-apiserver and etcd.
 	$(GO) test -count=1 -timeout 40m ./test/e2e/
 
 bench: build tools ##@ Benchmarks that print figures (see docs/benchmarks.md).
+	@command -v fio >/dev/null || apt-get install -y fio # BenchmarkFio (Debian's package)
 	$(GO) test -run '^$$' -bench . -benchtime 1x -timeout 60m -v ./test/bench/
 
 clean: ##@ Remove built binaries (not the tools cache) and _run.
