@@ -223,7 +223,8 @@ func run(ctx context.Context, o options) error {
 		cfg.Node = n
 	}
 	if o.mode != "node" {
-		c, err := controller.New(controller.Config{Pools: pools, DefaultFsType: o.defaultFsType})
+		// Loop: a volume mounted on this node is frozen for its snapshot.
+		c, err := controller.New(controller.Config{Pools: pools, DefaultFsType: o.defaultFsType, Loop: loop.New()})
 		if err != nil {
 			return err
 		}

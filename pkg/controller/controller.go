@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/loopvol/loopvol/pkg/loop"
 	"github.com/loopvol/loopvol/pkg/pool"
 )
 
@@ -38,6 +39,13 @@ type Config struct {
 	// SweepInterval is the time between sweeps after the first; 0 means
 	// DefaultSweepInterval.
 	SweepInterval time.Duration
+	// Loop, if set, finds the loop device of a volume being snapshotted,
+	// so that a filesystem mounted on this node is frozen for the clone
+	// (freeze.go). Without it every snapshot is crash-consistent.
+	Loop loop.Interface
+	// MountInfo is the mount table the freeze reads; "" means
+	// /proc/self/mountinfo.
+	MountInfo string
 }
 
 // DefaultSweepInterval is how often Start sweeps the pools: leftovers only
@@ -60,6 +68,11 @@ type Server struct {
 
 	orphanGrace   time.Duration
 	sweepInterval time.Duration
+
+	freezer *freezer
+	// beforeClone, if set (by tests), runs while the source is frozen,
+	// just before its clone; an error it returns fails the snapshot.
+	beforeClone func() error
 }
 
 // New returns the Controller service.
@@ -72,6 +85,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	s := &Server{pools: map[string]*pool.Pool{}, defaultFsType: cfg.DefaultFsType,
 		orphanGrace: cmp.Or(cfg.OrphanGrace, pool.DefaultOrphanGrace), sweepInterval: cmp.Or(cfg.SweepInterval, DefaultSweepInterval)}
+	if cfg.Loop != nil {
+		s.freezer = &freezer{loop: cfg.Loop, mountInfo: cmp.Or(cfg.MountInfo, "/proc/self/mountinfo")}
+	}
 	if s.defaultFsType == "" {
 		s.defaultFsType = "ext4"
 	}

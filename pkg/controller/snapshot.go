@@ -18,7 +18,9 @@ import (
 // crash-consistent: the image holds what the disk held at one instant, as
 // after a power cut, and the filesystem's journal recovers it when the
 // restored volume is first mounted. Data still in a node's page cache is not
-// in it; an application that needs more flushes (or freezes) first.
+// in it; an application that needs more flushes (or freezes) first. Where
+// the volume is mounted on the controller's own node, the controller
+// freezes it for the clone (freeze.go) and the snapshot is clean.
 //
 // A snapshot is reachable from the zone of its pool, which it reports as
 // its accessible topology (SNAPSHOT_ACCESSIBILITY_CONSTRAINTS).
@@ -77,10 +79,11 @@ func (s *Server) createSnapshot(ctx context.Context, req *csi.CreateSnapshotRequ
 		return nil, err
 	}
 	defer unlockAll()
-	if q, snap, err := s.findSnapshotByName(req.GetName()); err != nil {
+	q, found, err := s.findSnapshotByName(req.GetName())
+	if err != nil {
 		return nil, err
-	} else if snap != nil && (q != p || snap.SourceVolumeID != srcID.String()) {
-		return nil, kindf(errExists, "snapshot %q exists as %s, of volume %s", req.GetName(), snap.ID, snap.SourceVolumeID)
+	} else if found != nil && (q != p || found.SourceVolumeID != srcID.String()) {
+		return nil, kindf(errExists, "snapshot %q exists as %s, of volume %s", req.GetName(), found.ID, found.SourceVolumeID)
 	}
 	var snap *pool.Snapshot
 	err = s.withVolume(srcID.String(), func(p *pool.Pool, v *pool.Volume) error {
@@ -91,6 +94,20 @@ func (s *Server) createSnapshot(ctx context.Context, req *csi.CreateSnapshotRequ
 			if pct := done * 10 / max(total, 1); pct != last {
 				last = pct
 				logger.V(4).Info("Copying snapshot", "snapshot", req.GetName(), "doneBytes", done, "totalBytes", total)
+			}
+		}
+		// A snapshot that is whole already is answered as it is;
+		// anything else is cloned, frozen if mounted here.
+		if found == nil || !found.ReadyToUse {
+			thaw, err := s.freezer.freeze(ctx, p.ImagePath(srcID))
+			if err != nil {
+				return err
+			}
+			defer thaw()
+			if s.beforeClone != nil {
+				if err := s.beforeClone(); err != nil {
+					return err
+				}
 			}
 		}
 		var err error
