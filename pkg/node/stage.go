@@ -70,7 +70,7 @@ func (n *node) stage(ctx context.Context, a stageArgs) error {
 			}
 			if ok && mp.path == staging.path && n.mountedFrom(mp, dev) {
 				logger.V(4).Info("Volume was already staged", "stagingTargetPath", staging.path, "device", dev)
-				return nil
+				return n.growAfterStage(ctx, v, dev, staging, readOnly) // a growth that failed before
 			}
 			return kindf(errConflict, "staging path %s is already mounted from %s, not from volume %s", staging.path, mp.source, a.id)
 		}
@@ -114,6 +114,11 @@ func (n *node) stage(ctx context.Context, a stageArgs) error {
 	}
 	logger.V(2).Info("Staged volume", "device", dev, "stagingTargetPath", staging.path, "fsType", fsType,
 		"mountFlags", a.cap.mountOpts.strings(), "readOnly", readOnly, "duration", time.Since(start))
+	if err := n.growAfterStage(ctx, v, dev, staging, readOnly); err != nil {
+		// Staged, but smaller than the volume: the retry finds it staged
+		// and grows it again.
+		return fmt.Errorf("volume %s: %w", a.id, err)
+	}
 	return nil
 }
 
