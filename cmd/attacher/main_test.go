@@ -165,6 +165,32 @@ func TestCheckHandler(t *testing.T) {
 	}
 }
 
+// TestOwnHealthChecksStayOutOfHealthz: a check added with addOwn answers
+// at /healthz/<name> only; /healthz passes while it fails.
+func TestOwnHealthChecksStayOutOfHealthz(t *testing.T) {
+	var h healthChecks
+	h.add("csi", func() error { return nil })
+	h.addOwn("webhook", func() error { return errors.New("waiting for the serving certificate") })
+	mux := http.NewServeMux()
+	mux.Handle("/healthz", checkHandler(h.check, http.StatusServiceUnavailable))
+	mux.Handle("/healthz/", h.ownHandler())
+	for _, tc := range []struct {
+		path     string
+		wantCode int
+		wantBody string
+	}{
+		{"/healthz", http.StatusOK, "ok"},
+		{"/healthz/webhook", http.StatusServiceUnavailable, "waiting for the serving certificate"},
+		{"/healthz/nothing", http.StatusNotFound, "not found"},
+	} {
+		rec := httptest.NewRecorder()
+		mux.ServeHTTP(rec, httptest.NewRequest("GET", tc.path, nil))
+		if rec.Code != tc.wantCode || !strings.Contains(rec.Body.String(), tc.wantBody) {
+			t.Errorf("GET %s = %d %q, want %d with %q", tc.path, rec.Code, rec.Body.String(), tc.wantCode, tc.wantBody)
+		}
+	}
+}
+
 func TestRunControllersStopsAllWhenOneFails(t *testing.T) {
 	_, ctx := ktesting.NewTestContext(t)
 	stopped := make(chan struct{})

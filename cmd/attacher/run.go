@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -86,6 +87,7 @@ func run(ctx context.Context, cfg *config) error {
 			csiMetrics.RegisterPprofToServer(mux)
 		}
 		mux.Handle("/healthz", checkHandler(d.health.check, http.StatusServiceUnavailable))
+		mux.Handle("/healthz/", d.health.ownHandler())
 		if leaderHealth != nil {
 			mux.Handle("/healthz/leader-election", checkHandler(leaderHealth.check, http.StatusInternalServerError))
 		}
@@ -230,11 +232,41 @@ func nodeLeaseName(lease, node string) string {
 	return name[:63-17] + "-" + hex.EncodeToString(sum[:8])
 }
 
-// healthChecks are the named checks behind /healthz; all must pass.
+// healthChecks are the named checks behind /healthz; all must pass. Apart
+// from them, a controller's own check (addOwn) is served at
+// /healthz/<name> only.
 type healthChecks struct {
 	mu     sync.Mutex
 	names  []string
 	checks []func() error
+	own    map[string]func() error
+}
+
+// addOwn serves check at /healthz/<name> and leaves /healthz out of it:
+// for a controller whose trouble must not make the whole sidecar unready
+// (the webhook waiting for its certificate Secret fails open; the attach
+// and capacity controllers beside it must keep the pod Ready).
+func (h *healthChecks) addOwn(name string, check func() error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.own == nil {
+		h.own = map[string]func() error{}
+	}
+	h.own[name] = check
+}
+
+// ownHandler serves the checks of addOwn under /healthz/.
+func (h *healthChecks) ownHandler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h.mu.Lock()
+		check := h.own[strings.TrimPrefix(r.URL.Path, "/healthz/")]
+		h.mu.Unlock()
+		if check == nil {
+			http.NotFound(w, r)
+			return
+		}
+		checkHandler(check, http.StatusServiceUnavailable).ServeHTTP(w, r)
+	})
 }
 
 // add adds a check; /healthz fails while it returns an error.

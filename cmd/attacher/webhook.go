@@ -72,6 +72,8 @@ func buildWebhook(d *deps) (*runner, error) {
 	if err != nil {
 		return nil, err
 	}
-	d.health.add("webhook", w.Ready)
+	// Not in /healthz: the sidecar stays Ready while the webhook waits
+	// for its certificate (the configuration fails open meanwhile).
+	d.health.addOwn("webhook", w.Ready)
 	return &runner{run: w.Run}, nil
 }

@@ -38,11 +38,13 @@ const caBundleResync = time.Minute
 
 // Webhook is the admission webhook server.
 type Webhook struct {
-	cfg      Config
-	d        *decider
-	synced   []cache.InformerSynced
-	cert     atomic.Pointer[tls.Certificate]
-	ready    atomic.Bool
+	cfg    Config
+	d      *decider
+	synced []cache.InformerSynced
+	cert   atomic.Pointer[tls.Certificate]
+	ready  atomic.Bool
+	// waiting is why the first certificate could not be loaded yet.
+	waiting  atomic.Pointer[string]
 	mu       sync.Mutex
 	files    [3][]byte // tls.crt, tls.key, ca.crt as last loaded
 	syncedCA []byte    // the caBundle last found or written
@@ -80,21 +82,65 @@ func New(cfg Config) (*Webhook, error) {
 // upstream name, pkg/capacity.DriverNameLabel).
 const capacityDriverLabel = "csi.storage.k8s.io/drivername"
 
-// Ready fails until the webhook serves with synced caches.
+// Ready fails until the webhook serves with synced caches, and says so
+// while it waits for its certificate.
 func (w *Webhook) Ready() error {
+	if why := w.waiting.Load(); why != nil {
+		return fmt.Errorf("waiting for the serving certificate: %s", *why)
+	}
 	if !w.ready.Load() {
 		return errors.New("not serving yet (loading the certificate, waiting for the caches)")
 	}
 	return nil
 }
 
-// Run loads the certificate, waits for the caches, serves until ctx ends
+// certificateLog is how often awaitCertificate repeats what it waits for.
+const certificateLog = time.Minute
+
+// awaitCertificate loads the first certificate, retrying every
+// CertCheckInterval while the files are missing or broken, and reports
+// false when ctx ended first. A missing certificate is a state to wait in,
+// not a failure: the Secret is often made after the controller pod (by
+// cert-manager, by hand), and the webhook configuration fails open
+// meanwhile. Exiting would restart the whole sidecar, and its attach,
+// capacity and resizer controllers with it, for nothing.
+func (w *Webhook) awaitCertificate(ctx context.Context) bool {
+	logger := klog.FromContext(ctx)
+	tick := time.NewTicker(w.cfg.CertCheckInterval)
+	defer tick.Stop()
+	var said string
+	var saidAt time.Time
+	for {
+		_, err := w.reload()
+		if err == nil {
+			if said != "" {
+				logger.Info("Serving certificate found", "certDir", w.cfg.CertDir)
+			}
+			w.waiting.Store(nil)
+			return true
+		}
+		why := err.Error()
+		w.waiting.Store(&why)
+		if why != said || time.Since(saidAt) >= certificateLog {
+			logger.Info("Waiting for the serving certificate; until it comes, the API server's calls fail and the webhook configuration's failurePolicy applies",
+				"certDir", w.cfg.CertDir, "reason", why)
+			said, saidAt = why, time.Now()
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-tick.C:
+		}
+	}
+}
+
+// Run waits for the certificate and the caches, serves until ctx ends
 // and meanwhile reloads the certificate and keeps the caBundle current.
 func (w *Webhook) Run(ctx context.Context) error {
 	logger := klog.FromContext(ctx).WithName("webhook")
 	ctx = klog.NewContext(ctx, logger)
-	if _, err := w.reload(); err != nil {
-		return err
+	if !w.awaitCertificate(ctx) {
+		return nil
 	}
 	if !cache.WaitForCacheSync(ctx.Done(), w.synced...) {
 		return nil

@@ -327,3 +327,63 @@ func BenchmarkServeHTTP(b *testing.B) {
 		}
 	}
 }
+
+// TestRunWaitsForTheCertificate: started before its Secret is mounted, the
+// webhook neither exits nor serves; Ready says what it waits for; once the
+// files appear it serves with them.
+func TestRunWaitsForTheCertificate(t *testing.T) {
+	_, ctx := ktesting.NewTestContext(t)
+	ctx, cancel := context.WithCancel(ctx)
+	dir := t.TempDir()
+	client := fake.NewClientset()
+	addr := freeAddress(t)
+	w, err := New(Config{
+		DriverName: testDriver, Informers: kube.NewInformers(client, 0), Namespace: "loopvol", CSI: &fakeCSI{},
+		Address: addr, CertDir: dir, CertCheckInterval: 20 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.cfg.Informers.Start(ctx)
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	if err := wait.PollUntilContextTimeout(ctx, 10*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		err := w.Ready()
+		return err != nil && strings.Contains(err.Error(), "waiting for the serving certificate") && strings.Contains(err.Error(), CertFile), nil
+	}); err != nil {
+		t.Fatalf("Ready never said it waits for %s: %v", CertFile, w.Ready())
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("Run ended without a certificate: %v", err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	if c, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
+		c.Close()
+		t.Fatal("listening without a certificate")
+	}
+
+	ca := writeCert(t, dir)
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(ca)
+	c := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}, DisableKeepAlives: true}, Timeout: 5 * time.Second}
+	if err := wait.PollUntilContextTimeout(ctx, 10*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		rsp, err := c.Post("https://"+addr+Path, "application/json", bytes.NewReader(reviewBody(t, pvcRequest(t, admissionv1.Create, claim("lv", gi, ""), nil))))
+		if err != nil {
+			return false, nil
+		}
+		rsp.Body.Close()
+		return rsp.StatusCode == http.StatusOK, nil
+	}); err != nil {
+		t.Fatalf("never served once the certificate came: %v", err)
+	}
+	if err := w.Ready(); err != nil {
+		t.Fatalf("serving, but Ready: %v", err)
+	}
+}
