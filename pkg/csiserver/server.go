@@ -57,6 +57,11 @@ func Listen(ctx context.Context, cfg Config) (*Server, error) {
 	csi.RegisterIdentityServer(g, cfg.Identity)
 	if cfg.Controller != nil {
 		csi.RegisterControllerServer(g, cfg.Controller)
+		// The group snapshot RPCs are a service of their own in CSI; the
+		// controller serves them when it implements them.
+		if gc, ok := cfg.Controller.(csi.GroupControllerServer); ok {
+			csi.RegisterGroupControllerServer(g, gc)
+		}
 	}
 	if cfg.Node != nil {
 		csi.RegisterNodeServer(g, cfg.Node)
