@@ -84,6 +84,9 @@ func (c *Cluster) Down(ctx context.Context) error {
 	} else {
 		c.say("cluster: down in %s, nothing left behind (logs kept in %s)", since(start), c.LogDir)
 	}
+	// Released even when something was left behind, as the kernel would
+	// if this process died: the next cluster is told what by its own Up.
+	c.hostLock.release()
 	return err
 }
 

@@ -20,7 +20,7 @@ import (
 )
 
 // images are the OCI archives `make images cluster-images` writes.
-var images = []string{"loopvol-node", "loopvol-controller", "csi-provisioner", "pause", "busybox"}
+var images = []string{"loopvol-node", "loopvol-controller", "csi-provisioner", "csi-attacher", "pause", "busybox"}
 
 // up brings a cluster up under a temporary directory, deploys loopvol on
 // it, and tears it all down when the test ends.
@@ -99,6 +99,9 @@ func TestCluster(t *testing.T) {
 	t.Run("Burst", func(t *testing.T) { testBurst(t, c) })
 	t.Run("Expansion", func(t *testing.T) { testExpansion(t, c) })
 	t.Run("NodePluginRestart", func(t *testing.T) { testNodePluginRestart(t, c) })
+	t.Run("BulkProvisioning", func(t *testing.T) { testBulkProvisioning(t, c) })
+	// Before RBAC: upstream's attacher's log is searched for "forbidden" too.
+	t.Run("Switching", func(t *testing.T) { testSwitching(t, c) })
 	// After the others: their logs are searched for "forbidden".
 	t.Run("RBAC", func(t *testing.T) { testRBAC(t, c) })
 	// Last: it restarts the node plugin with a volume limit.
