@@ -55,6 +55,7 @@ const DefaultSweepInterval = 10 * time.Minute
 // Server is the CSI Controller service.
 type Server struct {
 	csi.UnimplementedControllerServer
+	csi.UnimplementedGroupControllerServer
 	pools         map[string]*pool.Pool
 	poolNames     []string // sorted, for stable choices and listings
 	defaultFsType string
@@ -63,8 +64,10 @@ type Server struct {
 	// pool chosen, so the per-volume lock alone cannot stop two calls with one
 	// name from creating it in two pools.
 	names keyedLock
-	// snapNames does the same for CreateSnapshot.
-	snapNames keyedLock
+	// snapNames does the same for CreateSnapshot, groupNames for
+	// CreateVolumeGroupSnapshot.
+	snapNames  keyedLock
+	groupNames keyedLock
 
 	orphanGrace   time.Duration
 	sweepInterval time.Duration

@@ -200,3 +200,59 @@ func checkClean(t *testing.T, fsType, img string) {
 		fsck(img)
 	}
 }
+
+// TestFreezeGroupSnapshot: a group of three mounted volumes is frozen
+// together (all three at once during the clones), thawed together after,
+// also when the clone fails, and every member is a clean filesystem with
+// the data written before.
+func TestFreezeGroupSnapshot(t *testing.T) {
+	looptest.RequireRoot(t)
+	p, err := pool.Open(pool.Options{Name: "p1", Zone: "z1", Path: filepath.Join(t.TempDir(), "pool")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := New(Config{Pools: []*pool.Pool{p}, Loop: loop.New()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := ctx(t)
+	var vols, dirs []string
+	for _, name := range []string{"pvc-db", "pvc-log", "pvc-index"} {
+		vol, dir := mountedVolume(t, s, p, name, "ext4")
+		if err := os.WriteFile(filepath.Join(dir, "data"), []byte("before the snapshot\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		vols, dirs = append(vols, vol), append(dirs, dir)
+	}
+	allFrozen := func() (n int) {
+		for _, d := range dirs {
+			if frozen(t, d) {
+				n++
+			}
+		}
+		return n
+	}
+	var during int
+	s.beforeClone = func() error { during = allFrozen(); return nil }
+	resp, err := s.CreateVolumeGroupSnapshot(c, groupReq("group-frozen", vols...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if during != 3 {
+		t.Errorf("%d of 3 members were frozen during the clones", during)
+	}
+	if n := allFrozen(); n != 0 {
+		t.Fatalf("%d members are still frozen after the group snapshot", n)
+	}
+	for _, snap := range resp.GroupSnapshot.Snapshots {
+		sid, _ := pool.ParseSnapshotID(snap.SnapshotId)
+		checkClean(t, "ext4", p.SnapshotImagePath(sid))
+	}
+
+	s.beforeClone = func() error { return errors.New("injected clone failure") }
+	_, err = s.CreateVolumeGroupSnapshot(c, groupReq("group-failed", vols...))
+	wantCode(t, err, codes.Internal)
+	if n := allFrozen(); n != 0 {
+		t.Fatalf("%d members are still frozen after a failed group snapshot", n)
+	}
+}

@@ -29,7 +29,7 @@ func (i *Identity) GetPluginInfo(context.Context, *csi.GetPluginInfoRequest) (*c
 }
 
 // GetPluginCapabilities reports topology, online expansion and, in controller
-// mode, the Controller service and snapshot topology.
+// mode, the Controller and GroupController services and snapshot topology.
 func (i *Identity) GetPluginCapabilities(context.Context, *csi.GetPluginCapabilitiesRequest) (*csi.GetPluginCapabilitiesResponse, error) {
 	service := func(t csi.PluginCapability_Service_Type) *csi.PluginCapability {
 		return &csi.PluginCapability{Type: &csi.PluginCapability_Service_{Service: &csi.PluginCapability_Service{Type: t}}}
@@ -40,6 +40,7 @@ func (i *Identity) GetPluginCapabilities(context.Context, *csi.GetPluginCapabili
 	}
 	if i.controller {
 		caps = append(caps, service(csi.PluginCapability_Service_CONTROLLER_SERVICE),
+			service(csi.PluginCapability_Service_GROUP_CONTROLLER_SERVICE),
 			service(csi.PluginCapability_Service_SNAPSHOT_ACCESSIBILITY_CONSTRAINTS))
 	}
 	return &csi.GetPluginCapabilitiesResponse{Capabilities: caps}, nil

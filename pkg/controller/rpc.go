@@ -17,9 +17,11 @@ import (
 // keeps ABORTED answers rare and predictable):
 //
 //  1. the in-process name lock (s.names for volumes, s.snapNames for
-//     snapshots), which keeps two calls with one name apart;
-//  2. the snapshot lock (pool.LockSnapshot) of the snapshot being made,
-//     deleted or restored from;
+//     snapshots, s.groupNames for group snapshots), which keeps two calls
+//     with one name apart;
+//  2. the group lock (pool.LockGroup) of a group snapshot, then the
+//     snapshot lock (pool.LockSnapshot) of the snapshot being made,
+//     deleted or restored from (of each member of a group, in ID order);
 //  3. the volume lock (pool.Lock) of each volume in pool-name order, a
 //     source before the volume being made;
 //  4. the node lock (pool.LockNode) of each pool in pool-name order;

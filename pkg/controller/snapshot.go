@@ -175,6 +175,7 @@ func csiSnapshot(p *pool.Pool, snap *pool.Snapshot) *csi.Snapshot {
 		CreationTime:       timestamppb.New(snap.Created),
 		ReadyToUse:         snap.ReadyToUse,
 		AccessibleTopology: []*csi.Topology{{Segments: map[string]string{TopologyKey: p.Zone}}},
+		GroupSnapshotId:    snap.Group,
 	}
 }
 
@@ -210,6 +211,11 @@ func (s *Server) deleteSnapshot(ctx context.Context, req *csi.DeleteSnapshotRequ
 		return nil, err
 	}
 	defer unlock()
+	// A member of a group snapshot goes with its group (the spec's
+	// "snapshot is part of a group": INVALID_ARGUMENT).
+	if snap, err := p.ReadSnapshot(id); err == nil && snap.Group != "" {
+		return nil, invalid("snapshot %s is a member of group snapshot %s; delete the group (DeleteVolumeGroupSnapshot)", id, snap.Group)
+	}
 	if err := p.DeleteSnapshot(id); err != nil {
 		return nil, err
 	}

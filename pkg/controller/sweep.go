@@ -57,6 +57,9 @@ func (s *Server) Sweep(ctx context.Context) {
 		for _, id := range r.UnfinishedSnapshots {
 			logger.Info("Removed a snapshot whose CreateSnapshot died before it was whole and was not retried", "pool", p.Name, "snapshotID", id.String())
 		}
+		for _, id := range r.UnfinishedGroups {
+			logger.Info("Removed a group snapshot whose CreateVolumeGroupSnapshot died before it was whole and was not retried", "pool", p.Name, "groupSnapshotID", id.String())
+		}
 	}
 }
 

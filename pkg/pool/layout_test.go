@@ -52,8 +52,10 @@ func TestSetLayout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if after.AvailableBytes > before.AvailableBytes+1<<20 {
-		t.Errorf("available grew from %d to %d: a thin volume's promise must still count", before.AvailableBytes, after.AvailableBytes)
+	// The pool's filesystem is shared with other processes, so its free
+	// bytes move; the promise is the pool's own figure.
+	if grown := after.PromisedBytes - before.PromisedBytes; grown < size-2<<20 {
+		t.Errorf("the promise grew by %d when %d bytes were freed: a thin volume's promise must still count", grown, size-1<<20)
 	}
 	got, err := p.ReadVolume(id)
 	if err != nil {

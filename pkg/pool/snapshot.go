@@ -73,7 +73,10 @@ type Snapshot struct {
 	ReadyToUse bool `json:"readyToUse"`
 	// Method is CopyReflink (the image shares blocks with its source
 	// until they diverge) or CopyData (it owns its data blocks).
-	Method     string `json:"method,omitempty"`
+	Method string `json:"method,omitempty"`
+	// Group is the ID of the group snapshot this snapshot is a member
+	// of, if any; such a snapshot is deleted with its group only.
+	Group      string `json:"group,omitempty"`
 	Generation int64  `json:"generation"`
 }
 
@@ -138,6 +141,10 @@ func (p *Pool) writeSnapshot(s *Snapshot) error {
 // data ranges are reserved under the pool lock, after a space check, and
 // copied with their holes kept. progress hears of the copy.
 func (p *Pool) CreateSnapshot(name string, src *Volume, progress Progress) (*Snapshot, error) {
+	return p.createSnapshot(name, "", src, progress)
+}
+
+func (p *Pool) createSnapshot(name, group string, src *Volume, progress Progress) (*Snapshot, error) {
 	id := DeriveSnapshotID(p.Name, name)
 	srcID, err := ParseVolumeID(src.ID)
 	if err != nil {
@@ -160,7 +167,7 @@ func (p *Pool) CreateSnapshot(name string, src *Volume, progress Progress) (*Sna
 		return nil, fmt.Errorf("remove unfinished snapshot image: %w", err)
 	}
 	s := &Snapshot{ID: id.String(), Name: name, SourceVolumeID: src.ID, SizeBytes: src.SizeBytes,
-		AccessType: src.AccessType, FsType: src.FsType, Created: time.Now().UTC().Truncate(time.Second)}
+		AccessType: src.AccessType, FsType: src.FsType, Created: time.Now().UTC().Truncate(time.Second), Group: group}
 	if old != nil {
 		s.Created, s.Generation = old.Created, old.Generation
 	}

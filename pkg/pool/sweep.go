@@ -56,6 +56,10 @@ type SweepReport struct {
 	// said not ready after the grace, with nobody holding their lock: a
 	// CreateSnapshot killed mid-copy that nobody retried.
 	UnfinishedSnapshots []SnapshotID
+	// UnfinishedGroups are the group snapshots removed, with their
+	// members, whose record still said not ready after the grace with
+	// nobody holding their lock.
+	UnfinishedGroups []GroupID
 	// Errors are the entries Sweep could not handle; it went on with the
 	// rest.
 	Errors []error
@@ -90,6 +94,11 @@ func (p *Pool) Sweep(now time.Time, grace time.Duration) (SweepReport, error) {
 			hash := strings.TrimSuffix(strings.TrimPrefix(name, snapPrefix), recordSuffix)
 			if hashRE.MatchString(hash) {
 				p.sweepSnapshot(&r, SnapshotID{Pool: p.Name, Hash: hash}, now, grace)
+			}
+		case strings.HasPrefix(name, groupPrefix) && strings.HasSuffix(name, recordSuffix):
+			hash := strings.TrimSuffix(strings.TrimPrefix(name, groupPrefix), recordSuffix)
+			if hashRE.MatchString(hash) {
+				p.sweepGroup(&r, GroupID{Pool: p.Name, Hash: hash}, now, grace)
 			}
 		case strings.HasSuffix(name, lockSuffix):
 			hash := strings.TrimSuffix(name, lockSuffix)
