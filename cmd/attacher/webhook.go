@@ -60,6 +60,7 @@ func buildWebhook(d *deps) (*runner, error) {
 		Address:    c.address,
 		CertDir:    c.certDir,
 		ConfigName: c.configuration,
+		Registerer: d.registry,
 	}
 	if c.configuration != "" {
 		adm, err := admissionregistrationv1.NewForConfig(d.rest)

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/prometheus/client_golang/prometheus"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -70,6 +71,8 @@ type Config struct {
 	CertCheckInterval time.Duration
 	// ClassCheckTimeout bounds the GetCapacity of a class (0: the default).
 	ClassCheckTimeout time.Duration
+	// Registerer receives the webhook's metrics. Optional.
+	Registerer prometheus.Registerer
 }
 
 // Validate reports the first field that cannot work.

@@ -38,11 +38,12 @@ const caBundleResync = time.Minute
 
 // Webhook is the admission webhook server.
 type Webhook struct {
-	cfg    Config
-	d      *decider
-	synced []cache.InformerSynced
-	cert   atomic.Pointer[tls.Certificate]
-	ready  atomic.Bool
+	cfg     Config
+	d       *decider
+	metrics *metrics
+	synced  []cache.InformerSynced
+	cert    atomic.Pointer[tls.Certificate]
+	ready   atomic.Bool
 	// waiting is why the first certificate could not be loaded yet.
 	waiting  atomic.Pointer[string]
 	mu       sync.Mutex
@@ -65,7 +66,11 @@ func New(cfg Config) (*Webhook, error) {
 	volumes := cfg.Informers.PersistentVolumes(kube.PVCapacity)
 	sel := labels.SelectorFromSet(labels.Set{capacityDriverLabel: cfg.DriverName})
 	capacities := cfg.Informers.CSIStorageCapacities(cfg.Namespace, sel)
-	w := &Webhook{cfg: cfg, synced: []cache.InformerSynced{classes.HasSynced, volumes.HasSynced, capacities.HasSynced}}
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	w := &Webhook{cfg: cfg, metrics: m, synced: []cache.InformerSynced{classes.HasSynced, volumes.HasSynced, capacities.HasSynced}}
 	timeout := cfg.ClassCheckTimeout
 	w.d = &decider{
 		driver: cfg.DriverName, namespace: cfg.Namespace,
@@ -278,6 +283,7 @@ func (w *Webhook) syncCABundle(ctx context.Context) {
 // JSON AdmissionReview v1 with a request gets a 400 (405 for another
 // method) with the reason as plain text.
 func (w *Webhook) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
+	start := time.Now()
 	if req.Method != http.MethodPost {
 		http.Error(rw, "admission reviews are POSTed", http.StatusMethodNotAllowed)
 		return
@@ -290,9 +296,11 @@ func (w *Webhook) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 	review, err := decodeReview(body)
 	if err != nil {
 		http.Error(rw, "malformed AdmissionReview: "+err.Error(), http.StatusBadRequest)
+		w.metrics.observe("", "", false, start)
 		return
 	}
 	rsp := w.review(req.Context(), review.Request)
+	defer w.metrics.observe(review.Request.Kind.Kind, string(review.Request.Operation), rsp.Allowed, start)
 	rsp.UID = review.Request.UID
 	out, err := json.Marshal(admissionv1.AdmissionReview{TypeMeta: review.TypeMeta, Response: rsp})
 	if err != nil {
