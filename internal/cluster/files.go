@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"cmp"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -73,10 +74,19 @@ func (c *Cluster) containerdConfig() string {
 	}, "\n")
 }
 
-// cniConfig is the only network configuration: loopback, so that the
-// runtime reports NetworkReady; pods use the host's network.
-const cniConfig = `{"cniVersion": "1.0.0", "name": "loopback-only", "plugins": [{"type": "loopback"}]}
-`
+// cniConfig is the pods' network configuration. Loopback only (the
+// runtime then reports NetworkReady; pods use the host's network) unless
+// the cluster has a NodeIP: then a bridge of PodCIDR in this network
+// namespace, its addresses kept under Dir. No masquerading, no port
+// mapping: nothing is routed out of the namespace.
+func (c *Cluster) cniConfig() string {
+	if c.cfg.NodeIP == "" {
+		return `{"cniVersion": "1.0.0", "name": "loopback-only", "plugins": [{"type": "loopback"}]}` + "\n"
+	}
+	return fmt.Sprintf(`{"cniVersion": "1.0.0", "name": "loopvol-pods", "plugins": [{"type": "bridge", "bridge": "lvpods0", "isGateway": true, "ipMasq": false, "hairpinMode": true,
+  "ipam": {"type": "host-local", "ranges": [[{"subnet": %q}]], "routes": [{"dst": "0.0.0.0/0"}], "dataDir": %q}}]}
+`, c.cfg.PodCIDR, filepath.Join(c.cfg.Dir, "cni", "ipam"))
+}
 
 // kubeletConfig is kubelet's KubeletConfiguration.
 func (c *Cluster) kubeletConfig() string {
@@ -86,7 +96,7 @@ kind: KubeletConfiguration
 failCgroupV1: false
 cgroupDriver: cgroupfs
 containerRuntimeEndpoint: unix://%s
-address: 127.0.0.1
+address: %s
 port: %d
 healthzBindAddress: 127.0.0.1
 healthzPort: %d
@@ -112,7 +122,11 @@ evictionHard:
   nodefs.inodesFree: 1%%
 registerNode: true
 maxPods: 110
-`, c.ContainerdSocket, c.kubeletPort, c.kubeletHealthzPort,
+# A running Pod's volumes are grown online (NodeExpandVolume) only at its
+# next periodic sync: at the default 1m that was 60-90 s after the resize;
+# on a node of a few test pods the extra syncs cost nothing.
+syncFrequency: 10s
+`, c.ContainerdSocket, cmp.Or(c.cfg.NodeIP, "127.0.0.1"), c.kubeletPort, c.kubeletHealthzPort,
 		filepath.Join(c.pki, "kubelet-serving.crt"), filepath.Join(c.pki, "kubelet-serving.key"),
 		filepath.Join(c.pki, "ca.crt"), filepath.Join(c.cfg.Dir, "pod-logs"))
 }
