@@ -146,7 +146,8 @@ const (
 	reasonImageMissing     = "ImageMissing"
 	reasonImageUntrusted   = "ImageUntrusted"
 	reasonImageUnreadable  = "ImageUnreadable"
-	reasonImageTooSmall    = "ImageTooSmall"
+	reasonImageTruncated   = "ImageTruncated"
+	reasonModifyPending    = "ModifyPending"
 )
 
 // health checks what the controller can see of a volume: its record and its
@@ -176,7 +177,16 @@ func health(p *pool.Pool, id pool.VolumeID) (*csi.VolumeHealth, error) {
 	case err != nil:
 		return bad(csi.VolumeHealthErrorType_INACCESSIBLE, reasonImageUnreadable, err.Error())
 	case size < v.SizeBytes:
-		return bad(csi.VolumeHealthErrorType_DEGRADED, reasonImageTooSmall, fmt.Sprintf("the image holds %d bytes, the volume is %d", size, v.SizeBytes))
+		return bad(csi.VolumeHealthErrorType_DATA_LOSS, reasonImageTruncated, fmt.Sprintf(
+			"the image file %s holds %d bytes, the volume is %d: it was truncated outside loopvol and the data past %d bytes is gone; restore the volume from a snapshot",
+			p.ImagePath(id), size, v.SizeBytes, size))
+	}
+	if v.Modifying != nil {
+		// A ControllerModifyVolume died half-way: the image may be partly
+		// thick, partly thin. Its caller retries (external-resizer does).
+		return bad(csi.VolumeHealthErrorType_DEGRADED, reasonModifyPending, fmt.Sprintf(
+			"a ControllerModifyVolume to %v did not finish; the volume works, and the modification completes when it is retried (external-resizer retries until it succeeds)",
+			v.Modifying))
 	}
 	return h, nil
 }

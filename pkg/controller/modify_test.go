@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -170,5 +171,51 @@ func TestModifyVolumeCapability(t *testing.T) {
 		return c.GetRpc().GetType() == csi.ControllerServiceCapability_RPC_MODIFY_VOLUME
 	}) {
 		t.Fatal("MODIFY_VOLUME is not offered")
+	}
+}
+
+// A modify that died half-way is reported by ControllerGetVolumeHealth
+// until a retry finishes it; a truncated image is data loss.
+func TestHealthOfModifyAndTruncation(t *testing.T) {
+	f := newFixture(t, map[string]string{"p1": "z1"})
+	c := ctx(t)
+	vol, err := f.s.CreateVolume(c, createReq("pvc-health", 16*mib))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, id, _ := f.s.lookup(vol.Volume.VolumeId)
+	v, err := p.ReadVolume(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v.Modifying = map[string]string{"preallocate": "false"}
+	if err := p.WriteVolume(v); err != nil {
+		t.Fatal(err)
+	}
+	reasons := func() []string {
+		h, err := f.s.ControllerGetVolumeHealth(c, &csi.ControllerGetVolumeHealthRequest{VolumeId: vol.Volume.VolumeId})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, e := range h.VolumeHealth.HealthStatuses {
+			out = append(out, e.Status.String()+"/"+e.Reason)
+		}
+		return out
+	}
+	if got := reasons(); !slices.Equal(got, []string{"DEGRADED/ModifyPending"}) {
+		t.Fatalf("health after a half-done modify: %v", got)
+	}
+	if _, err := f.s.ControllerModifyVolume(c, &csi.ControllerModifyVolumeRequest{VolumeId: vol.Volume.VolumeId, MutableParameters: map[string]string{"preallocate": "false"}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := reasons(); len(got) != 0 {
+		t.Fatalf("health after the retried modify: %v", got)
+	}
+	if err := os.Truncate(p.ImagePath(id), 4*mib); err != nil {
+		t.Fatal(err)
+	}
+	if got := reasons(); !slices.Equal(got, []string{"DATA_LOSS/ImageTruncated"}) {
+		t.Fatalf("health of a truncated image: %v", got)
 	}
 }

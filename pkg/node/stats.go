@@ -146,11 +146,16 @@ func (n *node) health(_ context.Context, a healthArgs) (*csi.NodeGetVolumeHealth
 		add(csi.VolumeHealthErrorType_INACCESSIBLE, reasonNoDevice, "volume %s has no loop device on node %s", a.id, n.NodeID)
 	}
 	notMounted, wrong := "", ""
+	eio := false
 	for _, path := range paths {
 		if path == "" {
 			continue
 		}
 		mp, mounted, r, err := n.mountAtPath(path)
+		if errors.Is(err, unix.EIO) {
+			eio = true // a filesystem that shut down (fshealth.go reports it)
+			continue
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -164,5 +169,6 @@ func (n *node) health(_ context.Context, a healthArgs) (*csi.NodeGetVolumeHealth
 			add(csi.VolumeHealthErrorType_INACCESSIBLE, reasonWrongMount, "%s is mounted from %s, not from the volume's device %s", path, mp.source, dev)
 		}
 	}
+	n.deepHealth(a, v, dev, found, eio, add) // fshealth.go
 	return &csi.NodeGetVolumeHealthResponse{VolumeHealth: &csi.VolumeHealth{VolumeId: a.id.String(), HealthStatuses: entries}}, nil
 }

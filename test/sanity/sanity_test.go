@@ -201,8 +201,6 @@ func whyNotApplicable(skipMessage string) string {
 			"(gomega Equal) on protobuf messages; the requested one was marshalled and carries a size cache, the returned one does not, " +
 			"so it fails for any driver that reports where its snapshot is (the spec's own check, every returned topology is a requisite one, " +
 			"is tested with proto.Equal in pkg/controller TestSnapshotTopology)"
-	case strings.Contains(m, "storagehealth"):
-		return "loopvol reports per-volume health, not node storage health (no GET_STORAGE_HEALTH capability)"
 	case strings.Contains(m, "pending"):
 		return "marked pending (XIt) upstream, never runs"
 	}
