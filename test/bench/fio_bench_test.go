@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/loopvol/loopvol/test/internal/driverproc"
+	"golang.org/x/sys/unix"
 )
 
 // fioKnobs are the environment settings of BenchmarkFio. The defaults are
@@ -31,6 +33,10 @@ type fioKnobs struct {
 	// the benchmark writes to every volume's loop device after staging, to
 	// compare a setting with the one the driver chose.
 	queue map[string]string
+	// ab are sysfs queue settings to compare with the driver's: every
+	// volume is measured twice, alternately, once as the driver left it
+	// and once with these ("<volume> (B)").
+	ab map[string]string
 	// jobs, when set, runs only the jobs whose name contains one of these.
 	jobs []string
 }
@@ -61,20 +67,29 @@ func loadFioKnobs(tb testing.TB) fioKnobs {
 		}
 		k.runtime = d
 	}
-	if v := os.Getenv("LOOPVOL_BENCH_FIO_QUEUE"); v != "" {
-		k.queue = map[string]string{}
-		for _, kv := range strings.Split(v, ",") {
-			name, val, ok := strings.Cut(kv, "=")
-			if !ok || strings.ContainsAny(name, "/.") {
-				tb.Fatalf("LOOPVOL_BENCH_FIO_QUEUE: %q is not name=value", kv)
-			}
-			k.queue[name] = val
-		}
-	}
+	k.queue = parseQueue(tb, "LOOPVOL_BENCH_FIO_QUEUE")
+	k.ab = parseQueue(tb, "LOOPVOL_BENCH_FIO_AB")
 	if v := os.Getenv("LOOPVOL_BENCH_FIO_JOBS"); v != "" {
 		k.jobs = strings.Split(v, ",")
 	}
 	return k
+}
+
+// parseQueue reads "name=value,..." of sysfs queue attributes from env.
+func parseQueue(tb testing.TB, env string) map[string]string {
+	v := os.Getenv(env)
+	if v == "" {
+		return nil
+	}
+	q := map[string]string{}
+	for _, kv := range strings.Split(v, ",") {
+		name, val, ok := strings.Cut(kv, "=")
+		if !ok || strings.ContainsAny(name, "/.") {
+			tb.Fatalf("%s: %q is not name=value", env, kv)
+		}
+		q[name] = val
+	}
+	return q
 }
 
 // fioTarget is one place the jobs run: a file on the pool's filesystem (the
@@ -90,6 +105,18 @@ type fioTarget struct {
 	image string
 	// dir is where the page cache test writes ("" where it does not run).
 	dir string
+	// queue is written to the device's sysfs queue before each run on it.
+	queue map[string]string
+}
+
+// apply sets the target's queue settings.
+func (t fioTarget) apply(b *testing.B) {
+	for name, val := range t.queue {
+		p := filepath.Join("/sys/block", filepath.Base(t.dev), "queue", name)
+		if err := os.WriteFile(p, []byte(val), 0); err != nil {
+			b.Fatalf("%s: %v", t.name, err)
+		}
+	}
 }
 
 // BenchmarkFio runs the same fio jobs, pass after pass and target after
@@ -129,15 +156,37 @@ func BenchmarkFio(b *testing.B) {
 		targets = append(targets, t)
 	}
 	targets = append(targets, pub.volume("block", k.size))
-	for name, val := range k.queue {
-		for _, t := range targets[1:] {
-			p := filepath.Join("/sys/block", filepath.Base(t.dev), "queue", name)
-			if err := os.WriteFile(p, []byte(val), 0); err != nil {
-				b.Fatalf("LOOPVOL_BENCH_FIO_QUEUE: %v", err)
-			}
+	for i := range targets[1:] {
+		t := &targets[1+i]
+		t.queue = k.queue
+		t.apply(b)
+		if k.ab == nil {
+			continue
 		}
+		// The B twin restores nothing itself: the A target's queue holds
+		// the values as they were before B, so each run sets its own.
+		t.queue = map[string]string{}
+		for name := range k.ab {
+			data, err := os.ReadFile(filepath.Join("/sys/block", filepath.Base(t.dev), "queue", name))
+			if err != nil {
+				b.Fatal(err)
+			}
+			val := strings.TrimSpace(string(data))
+			if name == "scheduler" { // "[none] mq-deadline" → "none"
+				val = val[strings.Index(val, "[")+1 : strings.Index(val, "]")]
+			}
+			t.queue[name] = val
+		}
+		maps.Copy(t.queue, k.queue)
+		twin := *t
+		twin.name += " (B)"
+		twin.queue = k.ab
+		targets = append(targets, twin)
 	}
-
+	if k.ab != nil {
+		fmt.Printf("\nA/B: every volume also as \"(B)\" with %v\n", k.ab)
+	}
+	disk := poolDisk(b, poolDir)
 	fmt.Printf("\nfio %s: pool %s; %d passes of %s per job, files of %d MiB; libaio, direct=1 unless said\n",
 		fioVersion(fio), describeFS(poolDir), k.passes, k.runtime, k.size/mib)
 	for _, t := range targets[1:] {
@@ -146,7 +195,7 @@ func BenchmarkFio(b *testing.B) {
 	for _, t := range targets {
 		// Reads need written blocks, not the unwritten extents of a new
 		// file or of the fallocated image.
-		fioRun(b, fio, t, fioJob{name: "layout", args: []string{"--rw=write", "--bs=1M", "--iodepth=8", "--ioengine=libaio", "--direct=1"}}, k.size, 0)
+		fioRun(b, fio, t, fioJob{name: "layout", args: []string{"--rw=write", "--bs=1M", "--iodepth=8", "--ioengine=libaio", "--direct=1"}}, k.size, 0, disk)
 	}
 
 	jobs := selectJobs(fioJobs(), k.jobs)
@@ -155,14 +204,21 @@ func BenchmarkFio(b *testing.B) {
 		for _, j := range jobs {
 			for i := range targets {
 				t := targets[(i+pass)%len(targets)]
-				res.add(t.name, j, fioRun(b, fio, t, j, k.size, k.runtime))
+				t.apply(b)
+				res.add(t.name, j, fioRun(b, fio, t, j, k.size, k.runtime, disk))
 			}
 		}
 	}
 	res.print(jobs, targets, k.passes)
 
 	if len(k.jobs) == 0 || slices.Contains(k.jobs, "cache") {
-		cacheTest(b, fio, targets[0], targets[1], k)
+		var vols []fioTarget
+		for _, t := range targets[1:] {
+			if t.dir != "" {
+				vols = append(vols, t)
+			}
+		}
+		cacheTest(b, fio, targets[0], vols, k)
 	}
 }
 
@@ -265,6 +321,15 @@ func queueSettings(dev string) string {
 	return fmt.Sprintf("dio=%s logical_block_size=%s max_sectors_kb=%s nr_requests=%s scheduler=%s read_ahead_kb=%s rotational=%s wbt_lat_usec=%s",
 		read("loop/dio"), read("queue/logical_block_size"), read("queue/max_sectors_kb"), read("queue/nr_requests"),
 		read("queue/scheduler"), read("queue/read_ahead_kb"), read("queue/rotational"), read("queue/wbt_lat_usec"))
+}
+
+// poolDisk returns the sysfs stat file of the block device under dir.
+func poolDisk(b *testing.B, dir string) string {
+	var st unix.Stat_t
+	if err := unix.Stat(dir, &st); err != nil {
+		b.Fatal(err)
+	}
+	return fmt.Sprintf("/sys/dev/block/%d:%d/stat", unix.Major(st.Dev), unix.Minor(st.Dev))
 }
 
 // describeFS names the filesystem and device under dir, as findmnt sees it.

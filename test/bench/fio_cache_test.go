@@ -43,42 +43,61 @@ type cacheFigures struct {
 // /proc/meminfo's Cached is printed beside it as a cross-check, but alone it
 // could not tell the volume's own copy from the image's, and the shared host
 // moves it too.
-func cacheTest(b *testing.B, fio string, base, vol fioTarget, k fioKnobs) {
-	var onPool, inVol []cacheFigures
+func cacheTest(b *testing.B, fio string, base fioTarget, vols []fioTarget, k fioKnobs) {
+	all := append([]fioTarget{base}, vols...)
+	figs := make([][]cacheFigures, len(all))
 	for pass := range k.passes {
-		run := func(t fioTarget) cacheFigures { return cacheRun(b, fio, t, k.cache) }
-		if pass%2 == 0 {
-			onPool, inVol = append(onPool, run(base)), append(inVol, run(vol))
-		} else {
-			inVol, onPool = append(inVol, run(vol)), append(onPool, run(base))
+		for i := range all {
+			j := (i + pass) % len(all) // rotate, as the fio jobs do
+			all[j].apply(b)
+			figs[j] = append(figs[j], cacheRun(b, fio, all[j], k.cache))
 		}
 	}
-	col := func(f []cacheFigures, get func(cacheFigures) float64) sample {
-		v := make([]float64, len(f))
-		for i := range f {
-			v[i] = get(f[i])
+	col := func(i int, get func(cacheFigures) float64) sample {
+		v := make([]float64, len(figs[i]))
+		for p := range figs[i] {
+			v[p] = get(figs[i][p])
 		}
 		return summarizeFloats(v)
 	}
 	mibOf := func(n int64) float64 { return float64(n) / float64(mib) }
-	poolFile := col(onPool, func(c cacheFigures) float64 { return mibOf(c.file) })
-	image := col(inVol, func(c cacheFigures) float64 { return mibOf(c.image) })
-	fmt.Printf("\npage cache during a %d MiB buffered sequential write (1 MiB writes, fsync at the end), maxima sampled every 100 ms, median of %d passes ±spread\n",
+	fmt.Printf("\npage cache during a %d MiB buffered sequential write (1 MiB writes, fsync at the end), maxima sampled every 100 ms, median of %d passes ±spread; ratio = volume/pool\n",
 		k.cache/mib, k.passes)
-	fmt.Printf("| figure | on the pool filesystem | inside the %s | ratio |\n|---|---|---|---|\n", vol.name)
-	fmt.Printf("| page cache of the written file (MiB, mincore) | %s | %s | %s |\n", poolFile,
-		col(inVol, func(c cacheFigures) float64 { return mibOf(c.file) }), ratioOf(col(inVol, func(c cacheFigures) float64 { return mibOf(c.file) }).median, poolFile.median))
-	verdict := "missed"
-	if image.median < 0.05*poolFile.median {
-		verdict = "met"
+	fmt.Printf("| figure | on the pool filesystem")
+	for _, v := range vols {
+		fmt.Printf(" | inside the %s | ratio", v.name)
 	}
-	fmt.Printf("| page cache of the image file (MiB, mincore) | — | %s | %s of the pool file's (goal < 5%%: %s) |\n", image,
-		pct(image.median, poolFile.median), verdict)
-	cachedPool := col(onPool, func(c cacheFigures) float64 { return mibOf(c.cached) })
-	cachedVol := col(inVol, func(c cacheFigures) float64 { return mibOf(c.cached) })
-	fmt.Printf("| growth of Cached in /proc/meminfo (MiB, all copies) | %s | %s | %s |\n", cachedPool, cachedVol, ratioOf(cachedVol.median, cachedPool.median))
-	wPool, wVol := col(onPool, func(c cacheFigures) float64 { return c.mibps }), col(inVol, func(c cacheFigures) float64 { return c.mibps })
-	fmt.Printf("| write rate to fsync (MiB/s) | %s | %s | %s |\n", wPool, wVol, ratioOf(wVol.median, wPool.median))
+	fmt.Printf(" |\n|---|---|")
+	for range vols {
+		fmt.Printf("---|---|")
+	}
+	fmt.Printf("\n")
+	row := func(name string, get func(cacheFigures) float64, ratio func(v, base float64) string) {
+		baseline := col(0, get)
+		fmt.Printf("| %s | %s", name, baseline)
+		for i := range vols {
+			v := col(1+i, get)
+			fmt.Printf(" | %s | %s", v, ratio(v.median, baseline.median))
+		}
+		fmt.Printf(" |\n")
+	}
+	file := func(c cacheFigures) float64 { return mibOf(c.file) }
+	row("page cache of the written file (MiB, mincore)", file, ratioOf)
+	// The goal compares the image's cache with what the bare filesystem
+	// caches for the same write.
+	poolFile := col(0, file).median
+	fmt.Printf("| page cache of the image file (MiB, mincore; goal < 5%% of the pool file's) | —")
+	for i := range vols {
+		img := col(1+i, func(c cacheFigures) float64 { return mibOf(c.image) })
+		verdict := "missed"
+		if img.median < 0.05*poolFile {
+			verdict = "met"
+		}
+		fmt.Printf(" | %s | %s: %s", img, pct(img.median, poolFile), verdict)
+	}
+	fmt.Printf(" |\n")
+	row("growth of Cached in /proc/meminfo (MiB, all copies)", func(c cacheFigures) float64 { return mibOf(c.cached) }, ratioOf)
+	row("write rate up to the fsync (MiB/s)", func(c cacheFigures) float64 { return c.mibps }, ratioOf)
 }
 
 func pct(a, b float64) string {

@@ -66,12 +66,17 @@ func (o fioOutput) side(write bool) fioSide {
 	return o.Jobs[0].Read
 }
 
-// cpuDelta is the machine's system time (system + irq + softirq, all CPUs)
-// over one fio run. fio's own sys_cpu misses the loop device's work, which
-// runs in the loop worker threads, not in fio's process; the whole-machine
-// figure includes it (and whatever else runs on the shared host, hence the
-// median).
-type cpuDelta struct{ system time.Duration }
+// cpuDelta is what one fio run cost the machine. system is the system
+// time (system + irq + softirq, all CPUs): fio's own sys_cpu misses the
+// loop device's work, which runs in the loop worker threads, not in fio's
+// process; the whole-machine figure includes it (and whatever else runs on
+// the shared host, hence the median). diskWrites and diskFlushes are the
+// write and flush requests the pool's disk completed (/sys/dev/block/…/stat):
+// what a volume's flush turns into below the image file.
+type cpuDelta struct {
+	system                  time.Duration
+	diskWrites, diskFlushes int64
+}
 
 // Goals of issue 15: every line ≥ 0.90× the bare filesystem, sequential
 // ≥ 0.95×; a latency line is held to the same bound inverted (≤ 1/0.90×),
@@ -119,6 +124,18 @@ func fioJobs() []fioJob {
 	// PostgreSQL's WAL with wal_sync_method=fdatasync (the Linux default):
 	// buffered 4 KiB writes over a preallocated file, each followed by
 	// fdatasync. The figure is the fdatasync latency.
+	// Buffered reads, where the read-ahead of the volume's loop device
+	// counts (fio drops the file's page cache before the job).
+	jobs = append(jobs, fioJob{
+		name: "1M seq read buffered",
+		args: []string{"--rw=read", "--bs=1M", "--ioengine=psync", "--direct=0"},
+		metrics: []fioMetric{
+			{name: "MiB/s", goal: goalSeq, get: func(o fioOutput, _ cpuDelta) float64 { return o.side(false).BwBytes / float64(mib) }},
+		},
+	})
+	perOp := func(n func(cpuDelta) int64) func(fioOutput, cpuDelta) float64 {
+		return func(o fioOutput, c cpuDelta) float64 { return float64(n(c)) / float64(max(1, o.side(true).TotalIOs)) }
+	}
 	jobs = append(jobs, fioJob{
 		name: "4k write+fdatasync qd1",
 		args: []string{"--rw=write", "--bs=4k", "--ioengine=sync", "--direct=0", "--fdatasync=1"},
@@ -126,6 +143,8 @@ func fioJobs() []fioJob {
 			{name: "writes/s", goal: goalRandom, get: func(o fioOutput, _ cpuDelta) float64 { return o.side(true).IOPS }},
 			{name: "fdatasync p50", unit: "µs", lowerBetter: true, goal: 1 / goalRandom, get: func(o fioOutput, _ cpuDelta) float64 { return o.Jobs[0].Sync.LatNs.p("50.000000") }},
 			{name: "fdatasync p99", unit: "µs", lowerBetter: true, goal: goalSync99, get: func(o fioOutput, _ cpuDelta) float64 { return o.Jobs[0].Sync.LatNs.p("99.000000") }},
+			{name: "pool disk writes per fdatasync", lowerBetter: true, get: perOp(func(c cpuDelta) int64 { return c.diskWrites })},
+			{name: "pool disk flushes per fdatasync", lowerBetter: true, get: perOp(func(c cpuDelta) int64 { return c.diskFlushes })},
 		},
 	})
 	return jobs
@@ -133,19 +152,19 @@ func fioJobs() []fioJob {
 
 // fioRun runs job j on t's file for runtime (0: once over the whole size)
 // and returns each metric of the job by name.
-func fioRun(b *testing.B, fio string, t fioTarget, j fioJob, size int64, runtime time.Duration) map[string]float64 {
+func fioRun(b *testing.B, fio string, t fioTarget, j fioJob, size int64, runtime time.Duration, disk string) map[string]float64 {
 	b.Helper()
 	args := append([]string{"--output-format=json", "--name=" + strings.ReplaceAll(j.name, " ", "-"), "--filename=" + t.file,
 		fmt.Sprintf("--size=%d", size), "--numjobs=1", "--group_reporting"}, j.args...)
 	if runtime > 0 {
 		args = append(args, "--time_based", fmt.Sprintf("--runtime=%dms", runtime.Milliseconds()))
 	}
-	before := readCPU(b)
+	before, w0, f0 := readCPU(b), diskStat(b, disk, 4), diskStat(b, disk, 15)
 	cmd := exec.Command(fio, args...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
-	cpu := cpuDelta{system: readCPU(b) - before}
+	cpu := cpuDelta{system: readCPU(b) - before, diskWrites: diskStat(b, disk, 4) - w0, diskFlushes: diskStat(b, disk, 15) - f0}
 	if err != nil {
 		b.Fatalf("fio %s on %s: %v: %s", j.name, t.name, err, stderr.String())
 	}
@@ -187,6 +206,24 @@ func readCPU(b *testing.B) time.Duration {
 		ticks += n
 	}
 	return time.Duration(ticks) * time.Second / userHZ
+}
+
+// diskStat returns field i of the block device's stat file (4: writes
+// completed, 15: flushes completed; Documentation/block/stat.rst).
+func diskStat(b *testing.B, stat string, i int) int64 {
+	data, err := os.ReadFile(stat)
+	if err != nil {
+		b.Fatal(err)
+	}
+	f := strings.Fields(string(data))
+	if len(f) <= i {
+		return 0 // a kernel without flush accounting
+	}
+	n, err := strconv.ParseInt(f[i], 10, 64)
+	if err != nil {
+		b.Fatalf("%s: %q", stat, data)
+	}
+	return n
 }
 
 // fioResults holds the samples: target → job → metric → one value per pass.
