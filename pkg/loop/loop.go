@@ -8,12 +8,14 @@ import (
 	"regexp"
 )
 
-// BlockSize is the logical block size of every device we attach. It is fixed,
-// not taken from the backing filesystem, because a filesystem made on a device
-// of one sector size may not mount on a device of another (xfs records its
-// sector size), and a shared pool can be reached from nodes whose backing
-// filesystems differ. 4096 satisfies the direct I/O alignment of every
-// backing filesystem we meet.
+// BlockSize is the logical block size of the devices we attach. It is
+// fixed, not taken from the backing filesystem, because a filesystem made
+// on a device of one sector size may not mount on a device of another (xfs
+// records its sector size), and a shared pool can be reached from nodes
+// whose backing filesystems differ. 4096 satisfies the direct I/O alignment
+// of every backing filesystem we meet, and lets direct I/O through in the
+// page-sized pieces the page cache above writes. The one exception is an
+// image whose filesystem was made with smaller blocks (blocksize_linux.go).
 const BlockSize = 4096
 
 var (
@@ -63,6 +65,13 @@ type Interface interface {
 	// Status describes an attached device. A device with no image gives an
 	// error wrapping ErrNotAttached.
 	Status(devPath string) (Status, error)
+	// Tune gives an attached device the queue settings that make it fast
+	// (tune_linux.go says which and why). It changes only what differs, so
+	// calling it again on a device that is in use (a restarted node plugin
+	// finding its devices, or a device an older plugin attached) is cheap
+	// and harmless. A device with no image gives an error wrapping
+	// ErrNotAttached.
+	Tune(devPath string) error
 }
 
 // Status describes an attached loop device.

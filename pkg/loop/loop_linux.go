@@ -112,7 +112,7 @@ func configure(devPath string, backing *os.File, path string, readOnly, directIO
 		return fmt.Errorf("open %s: %w", devPath, err)
 	}
 	defer dev.Close()
-	cfg := unix.LoopConfig{Fd: uint32(backing.Fd()), Size: BlockSize}
+	cfg := unix.LoopConfig{Fd: uint32(backing.Fd()), Size: blockSizeFor(backing)}
 	if directIO {
 		cfg.Info.Flags |= unix.LO_FLAGS_DIRECT_IO
 	}

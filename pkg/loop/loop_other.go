@@ -5,6 +5,7 @@ package loop
 import (
 	"context"
 	"errors"
+	"os"
 )
 
 // Devices is a stand-in on systems without Linux loop devices: every call
@@ -20,6 +21,14 @@ func New() Devices { return Devices{} }
 func (Devices) Attach(context.Context, string, bool) (string, error) {
 	return "", errors.ErrUnsupported
 }
+
+// AttachFile fails with errors.ErrUnsupported.
+func (Devices) AttachFile(context.Context, *os.File, string, bool) (string, error) {
+	return "", errors.ErrUnsupported
+}
+
+// Tune fails with errors.ErrUnsupported.
+func (Devices) Tune(string) error { return errors.ErrUnsupported }
 
 // Find fails with errors.ErrUnsupported.
 func (Devices) Find(string) (string, bool, error) { return "", false, errors.ErrUnsupported }

@@ -20,13 +20,16 @@ import (
 //
 // Never discard: on a loop device a discard punches holes into the image,
 // handing back blocks the pool promised to the volume (DESIGN.md: images are
-// fallocate'd), and it is slow. ext4 also skips zeroing the inode tables and
-// the journal at mkfs time (lazy_itable_init, lazy_journal_init): a new
-// image reads as zeroes anyway, and this takes most of the time out of
-// staging a new volume; the kernel finishes the inode tables in the
-// background.
+// fallocate'd), and it is slow. mkfs runs only on a blank device, and a blank
+// image reads as zeroes (fallocated or sparse; a filesystem volume is never
+// made from a raw block one, whose data has no signature), so ext4 is told so
+// (assume_storage_prezeroed, e2fsprogs 1.47): it zeroes neither the inode
+// tables nor the journal and marks the tables zeroed, so no ext4lazyinit
+// thread writes them after the mount. With lazy_itable_init instead, an
+// 8 GiB volume wrote 54 MiB in the 20 s after its mount, under the pod's
+// first I/O; with assume_storage_prezeroed, nothing.
 var formatOptions = map[string][]string{
-	fsExt4: {"-E", "nodiscard,lazy_itable_init=1,lazy_journal_init=1"},
+	fsExt4: {"-E", "nodiscard,assume_storage_prezeroed=1"},
 	fsXFS:  {"-K"},
 }
 
@@ -69,6 +72,7 @@ func (n *node) stage(ctx context.Context, a stageArgs) error {
 				return err
 			}
 			if ok && mp.path == staging.path && n.mountedFrom(mp, dev) {
+				n.tune(ctx, dev)
 				logger.V(4).Info("Volume was already staged", "stagingTargetPath", staging.path, "device", dev)
 				return n.growAfterStage(ctx, v, dev, staging, readOnly) // a growth that failed before
 			}
@@ -80,6 +84,7 @@ func (n *node) stage(ctx context.Context, a stageArgs) error {
 	if err != nil {
 		return err
 	}
+	n.tune(ctx, dev)
 	if a.cap.block {
 		logger.V(2).Info("Staged block volume", "device", dev, "readOnly", readOnly)
 		return nil

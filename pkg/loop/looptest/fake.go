@@ -34,6 +34,7 @@ type device struct {
 	readOnly bool
 	directIO bool
 	size     int64
+	tuned    bool
 }
 
 var _ loop.Interface = (*Fake)(nil)
@@ -162,6 +163,30 @@ func (f *Fake) Status(devPath string) (loop.Status, error) {
 		DirectIO:    d.directIO,
 		ReadOnly:    d.readOnly,
 	}, nil
+}
+
+// Tune implements loop.Interface: the fake records that the device was
+// tuned (Tuned).
+func (f *Fake) Tune(devPath string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.call("Tune %s", devPath); err != nil {
+		return err
+	}
+	d, ok := f.devices[devPath]
+	if !ok {
+		return fmt.Errorf("%s: %w", devPath, loop.ErrNotAttached)
+	}
+	d.tuned = true
+	return nil
+}
+
+// Tuned reports whether the attached device was tuned.
+func (f *Fake) Tuned(devPath string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	d, ok := f.devices[devPath]
+	return ok && d.tuned
 }
 
 // Attached returns the attached devices as devPath → image path.
