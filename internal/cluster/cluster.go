@@ -158,22 +158,32 @@ func (c *Cluster) up(ctx context.Context) error {
 	// kube-apiserver
 	step = time.Now()
 	pki := func(f string) string { return filepath.Join(c.pki, f) }
-	if _, err := c.start("kube-apiserver", nil,
-		"--etcd-servers="+etcdURL,
-		"--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", "--secure-port="+strconv.Itoa(c.cfg.APIPort),
+	apiserverArgs := []string{
+		"--etcd-servers=" + etcdURL,
+		"--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", "--secure-port=" + strconv.Itoa(c.cfg.APIPort),
 		// The kubernetes Service's endpoint would be 127.0.0.1, which the
 		// endpoint reconciler refuses; nothing routes to it anyway.
 		"--endpoint-reconciler-type=none",
-		"--tls-cert-file="+pki("apiserver.crt"), "--tls-private-key-file="+pki("apiserver.key"),
-		"--client-ca-file="+pki("ca.crt"),
-		"--kubelet-client-certificate="+pki("apiserver-kubelet-client.crt"), "--kubelet-client-key="+pki("apiserver-kubelet-client.key"),
-		"--kubelet-certificate-authority="+pki("ca.crt"),
+		"--tls-cert-file=" + pki("apiserver.crt"), "--tls-private-key-file=" + pki("apiserver.key"),
+		"--client-ca-file=" + pki("ca.crt"),
+		"--kubelet-client-certificate=" + pki("apiserver-kubelet-client.crt"), "--kubelet-client-key=" + pki("apiserver-kubelet-client.key"),
+		"--kubelet-certificate-authority=" + pki("ca.crt"),
 		"--authorization-mode=Node,RBAC", "--enable-admission-plugins=NodeRestriction",
 		"--allow-privileged=true",
 		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-		"--service-account-key-file="+pki("sa.pub"), "--service-account-signing-key-file="+pki("sa.key"),
+		"--service-account-key-file=" + pki("sa.pub"), "--service-account-signing-key-file=" + pki("sa.key"),
 		"--service-cluster-ip-range=10.0.0.0/24",
-		"--profiling=false", "--v=1"); err != nil {
+		"--profiling=false", "--v=1"}
+	if c.cfg.NodeIP != "" {
+		apiserverArgs = append(apiserverArgs,
+			// The Node's address, not its name (which resolves to the
+			// host's), for exec, logs and port-forward.
+			"--kubelet-preferred-address-types=InternalIP",
+			// Webhooks and aggregated APIs through their Service's
+			// endpoints: there is no kube-proxy to route a ClusterIP.
+			"--enable-aggregator-routing=true")
+	}
+	if _, err := c.start("kube-apiserver", nil, apiserverArgs...); err != nil {
 		return err
 	}
 	if c.Kubeconfig, err = c.kubeconfig("admin"); err != nil {
@@ -196,7 +206,7 @@ func (c *Cluster) up(ctx context.Context) error {
 
 	// containerd and the images
 	step = time.Now()
-	if err := os.WriteFile(filepath.Join(c.cfg.Dir, "cni", "10-loopback.conflist"), []byte(cniConfig), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(c.cfg.Dir, "cni", "10-pods.conflist"), []byte(c.cniConfig()), 0o644); err != nil {
 		return err
 	}
 	conf := filepath.Join(c.containerdDir, "config.toml")
@@ -257,12 +267,16 @@ func (c *Cluster) up(ctx context.Context) error {
 	if err := os.WriteFile(kconf, []byte(c.kubeletConfig()), 0o644); err != nil {
 		return err
 	}
-	if c.kubelet, err = c.start("kubelet", []string{path},
-		"--config="+kconf,
-		"--kubeconfig="+filepath.Join(c.cfg.Dir, "kubeconfig-kubelet"),
-		"--root-dir="+c.KubeletDir,
-		"--hostname-override="+c.NodeName,
-		"--v=2"); err != nil {
+	kubeletArgs := []string{
+		"--config=" + kconf,
+		"--kubeconfig=" + filepath.Join(c.cfg.Dir, "kubeconfig-kubelet"),
+		"--root-dir=" + c.KubeletDir,
+		"--hostname-override=" + c.NodeName,
+		"--v=2"}
+	if c.cfg.NodeIP != "" {
+		kubeletArgs = append(kubeletArgs, "--node-ip="+c.cfg.NodeIP)
+	}
+	if c.kubelet, err = c.start("kubelet", []string{path}, kubeletArgs...); err != nil {
 		return err
 	}
 	if err := c.poll("node Ready without the not-ready taint", 3*time.Minute, func() error {
@@ -311,7 +325,11 @@ func (c *Cluster) writePKI() error {
 		{"kubelet", "system:node:" + c.NodeName, []string{"system:nodes"}, false},
 		{"kubelet-serving", "system:node:" + c.NodeName, []string{"system:nodes"}, true},
 	} {
-		if err := ca.issue(c.pki, i.name, i.cn, i.orgs, i.serving); err != nil {
+		var ips []net.IP
+		if c.cfg.NodeIP != "" {
+			ips = append(ips, net.ParseIP(c.cfg.NodeIP))
+		}
+		if err := ca.issue(c.pki, i.name, i.cn, i.orgs, i.serving, ips...); err != nil {
 			return err
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"path/filepath"
 )
@@ -37,9 +38,19 @@ type Config struct {
 	NodeName string
 	// APIPort is the apiserver's secure port on 127.0.0.1 (default 6443).
 	APIPort int
-	// CNIBinDir holds the CNI plugins (the loopback plugin; default
-	// /usr/lib/cni, Debian's containernetworking-plugins).
+	// CNIBinDir holds the CNI plugins (loopback, bridge and host-local;
+	// default /usr/lib/cni, Debian's containernetworking-plugins).
 	CNIBinDir string
+	// NodeIP is the Node's address: it must be on an interface of this
+	// process's network namespace and not be loopback (InNetNS makes
+	// both true). With it, kubelet serves on it (kubectl exec and logs
+	// work), Services of hostNetwork pods get endpoints (the apiserver
+	// reaches webhooks through them) and pods without hostNetwork get a
+	// bridge network of PodCIDR. Empty: loopback only, the Node has no
+	// address and only hostNetwork pods run.
+	NodeIP string
+	// PodCIDR is the pods' range with NodeIP (default DefaultPodCIDR).
+	PodCIDR string
 	// Out receives one line per step (nil: discarded).
 	Out io.Writer
 }
@@ -96,8 +107,23 @@ func (c *Config) Validate() error {
 	if c.CNIBinDir == "" {
 		c.CNIBinDir = "/usr/lib/cni"
 	}
-	if _, err := os.Stat(filepath.Join(c.CNIBinDir, "loopback")); err != nil {
-		errs = append(errs, fmt.Errorf("CNI loopback plugin (Debian: containernetworking-plugins): %w", err))
+	plugins := []string{"loopback"}
+	if c.NodeIP != "" {
+		plugins = append(plugins, "bridge", "host-local")
+		if ip := net.ParseIP(c.NodeIP); ip == nil || ip.To4() == nil || ip.IsLoopback() || ip.IsUnspecified() {
+			errs = append(errs, fmt.Errorf("NodeIP %q: want an IPv4 address that is not loopback", c.NodeIP))
+		}
+		if c.PodCIDR == "" {
+			c.PodCIDR = DefaultPodCIDR
+		}
+		if _, _, err := net.ParseCIDR(c.PodCIDR); err != nil {
+			errs = append(errs, fmt.Errorf("PodCIDR: %w", err))
+		}
+	}
+	for _, p := range plugins {
+		if _, err := os.Stat(filepath.Join(c.CNIBinDir, p)); err != nil {
+			errs = append(errs, fmt.Errorf("CNI %s plugin (Debian: containernetworking-plugins): %w", p, err))
+		}
 	}
 	if c.Out == nil {
 		c.Out = io.Discard

@@ -50,9 +50,9 @@ func newCA(dir string) (*ca, error) {
 }
 
 // issue writes <dir>/<name>.crt and .key: a certificate for cn in the
-// groups orgs; with serving set, a server certificate for 127.0.0.1 and
-// localhost.
-func (c *ca) issue(dir, name, cn string, orgs []string, serving bool) error {
+// groups orgs; with serving set, a server certificate for 127.0.0.1,
+// localhost and the addresses in ips.
+func (c *ca) issue(dir, name, cn string, orgs []string, serving bool, ips ...net.IP) error {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return err
@@ -71,7 +71,7 @@ func (c *ca) issue(dir, name, cn string, orgs []string, serving bool) error {
 	}
 	if serving {
 		tmpl.ExtKeyUsage = append(tmpl.ExtKeyUsage, x509.ExtKeyUsageServerAuth)
-		tmpl.IPAddresses = []net.IP{net.ParseIP("127.0.0.1")}
+		tmpl.IPAddresses = append([]net.IP{net.ParseIP("127.0.0.1")}, ips...)
 		tmpl.DNSNames = []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"}
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, c.cert, &key.PublicKey, c.key)

@@ -47,7 +47,7 @@ func up(t *testing.T) *cluster.Cluster {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	c, err := cluster.Up(ctx, cluster.Config{Dir: dir, BinDir: bin, Images: archives, Out: testWriter{t}})
+	c, err := cluster.Up(ctx, cluster.Config{Dir: dir, BinDir: bin, Images: archives, NodeIP: cluster.NetNSNodeIP(), Out: testWriter{t}})
 	if err != nil {
 		t.Fatalf("cluster up (`make test-cluster` builds the binaries and images): %v", err)
 	}
@@ -95,6 +95,8 @@ func (w testWriter) Write(p []byte) (int, error) {
 func TestCluster(t *testing.T) {
 	c := up(t)
 	t.Run("VolumeLifecycle", func(t *testing.T) { testVolumeLifecycle(t, c) })
+	// Early: every scenario after it runs with the webhook answering.
+	t.Run("Webhook", func(t *testing.T) { testWebhook(t, c) })
 	t.Run("RawBlock", func(t *testing.T) { testRawBlock(t, c) })
 	t.Run("Burst", func(t *testing.T) { testBurst(t, c) })
 	t.Run("Expansion", func(t *testing.T) { testExpansion(t, c) })
