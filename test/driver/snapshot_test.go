@@ -48,7 +48,7 @@ func newSnapPool(t testing.TB, reflink bool) *snapPool {
 		}
 	})
 	if reflink {
-		driverproc.MountReflinkXFS(t, filepath.Join(s.dir, "pool.xfs"), s.pool, 16*gib)
+		driverproc.MountReflinkXFS(t, filepath.Join(s.dir, "pool.xfs"), s.pool, 32*gib) // sparse: room for the 10 GiB benchmark
 	}
 	s.start(t)
 	return s
