@@ -3,16 +3,10 @@ package webhook
 import (
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/json"
-	"encoding/pem"
 	"io"
-	"math/big"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -31,6 +25,7 @@ import (
 	"k8s.io/klog/v2/ktesting"
 
 	"github.com/loopvol/loopvol/internal/kube"
+	"github.com/loopvol/loopvol/internal/testcert"
 )
 
 func reviewBody(t *testing.T, req *admissionv1.AdmissionRequest) []byte {
@@ -127,50 +122,6 @@ func TestServeHTTP(t *testing.T) {
 	}
 }
 
-// writeCert writes a fresh CA and a serving certificate for 127.0.0.1
-// signed by it into dir, and returns the CA's PEM.
-func writeCert(t *testing.T, dir string) []byte {
-	t.Helper()
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: "test CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IsCA: true, BasicConstraintsValid: true,
-		KeyUsage: x509.KeyUsageCertSign}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	caCert, _ := x509.ParseCertificate(caDER)
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(time.Now().UnixNano() + 1), Subject: pkix.Name{CommonName: "webhook"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IPAddresses: []net.IP{net.ParseIP("127.0.0.1")},
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, KeyUsage: x509.KeyUsageDigitalSignature}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, caCert, &key.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyDER, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	caPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER})
-	for name, data := range map[string][]byte{
-		KeyFile:  pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}),
-		CertFile: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
-		CAFile:   caPEM,
-	} {
-		if err := os.WriteFile(filepath.Join(dir, name), data, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return caPEM
-}
-
 func freeAddress(t *testing.T) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -189,7 +140,7 @@ func TestRunRotatesCertificate(t *testing.T) {
 	_, ctx := ktesting.NewTestContext(t)
 	ctx, cancel := context.WithCancel(ctx)
 	dir := t.TempDir()
-	ca1 := writeCert(t, dir)
+	ca1 := testcert.Loopback(t).Write(t, dir)
 	vwc := &admissionregistrationv1.ValidatingWebhookConfiguration{
 		ObjectMeta: metav1.ObjectMeta{Name: "loopvol-webhook"},
 		Webhooks:   []admissionregistrationv1.ValidatingWebhook{{Name: "pvc.loopvol.csi.io"}, {Name: "storageclass.loopvol.csi.io"}},
@@ -256,7 +207,7 @@ func TestRunRotatesCertificate(t *testing.T) {
 	}
 	waitCA(ca1)
 
-	ca2 := writeCert(t, dir)
+	ca2 := testcert.Loopback(t).Write(t, dir)
 	if err := wait.PollUntilContextTimeout(ctx, 10*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
 		return post(ca2) == nil, nil
 	}); err != nil {
@@ -293,7 +244,7 @@ func TestRunRotatesCertificate(t *testing.T) {
 
 func TestReloadKeepsOldPairOnBrokenFiles(t *testing.T) {
 	dir := t.TempDir()
-	writeCert(t, dir)
+	testcert.Loopback(t).Write(t, dir)
 	w := &Webhook{cfg: Config{CertDir: dir}}
 	if changed, err := w.reload(); err != nil || !changed {
 		t.Fatalf("first load: changed %v, %v", changed, err)
@@ -369,7 +320,7 @@ func TestRunWaitsForTheCertificate(t *testing.T) {
 		t.Fatal("listening without a certificate")
 	}
 
-	ca := writeCert(t, dir)
+	ca := testcert.Loopback(t).Write(t, dir)
 	pool := x509.NewCertPool()
 	pool.AppendCertsFromPEM(ca)
 	c := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}, DisableKeepAlives: true}, Timeout: 5 * time.Second}

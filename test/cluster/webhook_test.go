@@ -4,14 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"fmt"
-	"math/big"
 	"net/http"
 	"strings"
 	"testing"
@@ -23,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/loopvol/loopvol/internal/cluster"
+	"github.com/loopvol/loopvol/internal/testcert"
 )
 
 // sidecarHTTP is the controller sidecar's diagnostics endpoint (the pod
@@ -53,11 +47,12 @@ func testWebhook(t *testing.T, c *cluster.Cluster) {
 		t.Fatalf("the sidecar is not healthy while the webhook waits for its certificate: %v", err)
 	}
 
-	ca, crt, key := webhookCertificate(t, "loopvol-webhook."+cluster.Namespace+".svc")
+	pair := testcert.New(t, []string{"loopvol-webhook." + cluster.Namespace + ".svc"}, nil)
+	ca := pair.CA
 	secret := &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{Namespace: cluster.Namespace, Name: webhookSecret},
 		Type:       corev1.SecretTypeTLS,
-		Data:       map[string][]byte{corev1.TLSCertKey: crt, corev1.TLSPrivateKeyKey: key, "ca.crt": ca},
+		Data:       map[string][]byte{testcert.CertFile: pair.Cert, testcert.KeyFile: pair.Key, testcert.CAFile: ca},
 	}
 	start := time.Now()
 	if _, err := c.Client.CoreV1().Secrets(cluster.Namespace).Create(ctx, secret, metav1.CreateOptions{}); err != nil {
@@ -121,45 +116,6 @@ func testWebhook(t *testing.T, c *cluster.Cluster) {
 	}
 	t.Logf("the sidecar's loopvol_webhook_review_duration_seconds counts %d reviews", reviews)
 	deleteNamespace(ctx, t, c, ns)
-}
-
-// webhookCertificate returns a CA and a serving certificate and key for
-// dnsName signed by it, in PEM.
-func webhookCertificate(t *testing.T, dnsName string) (ca, crt, key []byte) {
-	t.Helper()
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "loopvol test webhook CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour), IsCA: true, BasicConstraintsValid: true,
-		KeyUsage: x509.KeyUsageCertSign}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	caCert, err := x509.ParseCertificate(caDER)
-	if err != nil {
-		t.Fatal(err)
-	}
-	servingKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: dnsName}, DNSNames: []string{dnsName},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, KeyUsage: x509.KeyUsageDigitalSignature}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, caCert, &servingKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyDER, err := x509.MarshalECPrivateKey(servingKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}),
-		pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
-		pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER})
 }
 
 // httpOK GETs url and returns nil on a 200, else an error with the body.

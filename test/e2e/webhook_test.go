@@ -4,18 +4,11 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/json"
-	"encoding/pem"
 	"fmt"
 	"io"
-	"math/big"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -40,6 +33,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/yaml"
 
+	"github.com/loopvol/loopvol/internal/testcert"
 	"github.com/loopvol/loopvol/test/internal/attacherproc"
 )
 
@@ -105,7 +99,7 @@ func newWebhookRig(t *testing.T) *whRig {
 	t.Cleanup(w.deleteClaims)
 
 	w.certDir = t.TempDir()
-	w.ca = writeWebhookCert(t, w.certDir)
+	w.ca = testcert.Loopback(t).Write(t, w.certDir)
 	w.addr = attacherproc.FreeAddress(t)
 	w.whKube = w.restrictedKubeconfig("loopvol-webhook-"+w.id, w.ns, "rbac-webhook.yaml")
 	t.Setenv("NAMESPACE", w.ns)
@@ -529,7 +523,7 @@ func (w *whRig) testRotation(t *testing.T) {
 	}
 	pid := w.webhook.Pid()
 	old := w.ca
-	w.ca = writeWebhookCert(t, w.certDir)
+	w.ca = testcert.Loopback(t).Write(t, w.certDir)
 	err := wait.PollUntilContextTimeout(w.ctx, 100*time.Millisecond, shortWait, true, func(context.Context) (bool, error) {
 		for _, b := range w.caBundles() {
 			if !bytes.Equal(b, w.ca) {
@@ -632,65 +626,4 @@ func failedOpen(t *testing.T, path, ns, name string) string {
 		}
 	}
 	return ""
-}
-
-// writeWebhookCert writes a new CA (ca.crt) and a certificate for
-// 127.0.0.1 signed by it (tls.crt, tls.key) into dir, each file replaced
-// by a rename as the kubelet swaps a Secret's files, and returns the CA.
-func writeWebhookCert(t *testing.T, dir string) []byte {
-	t.Helper()
-	newKey := func() *ecdsa.PrivateKey {
-		k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return k
-	}
-	serial := func() *big.Int {
-		n, err := rand.Int(rand.Reader, big.NewInt(1<<62))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
-	caKey, key := newKey(), newKey()
-	now := time.Now()
-	caTmpl := &x509.Certificate{SerialNumber: serial(), Subject: pkix.Name{CommonName: "loopvol e2e webhook CA"}, NotBefore: now.Add(-time.Hour),
-		NotAfter: now.Add(24 * time.Hour), IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	caCert, err := x509.ParseCertificate(caDER)
-	if err != nil {
-		t.Fatal(err)
-	}
-	der, err := x509.CreateCertificate(rand.Reader, &x509.Certificate{SerialNumber: serial(), Subject: pkix.Name{CommonName: "loopvol-webhook"},
-		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour), IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)},
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}, caCert, &key.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyDER, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ca := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER})
-	for _, f := range []struct {
-		name string
-		data []byte
-	}{
-		{"ca.crt", ca},
-		{"tls.key", pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER})},
-		{"tls.crt", pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})},
-	} {
-		tmp := filepath.Join(dir, "."+f.name+".tmp")
-		if err := os.WriteFile(tmp, f.data, 0o600); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Rename(tmp, filepath.Join(dir, f.name)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return ca
 }
