@@ -130,6 +130,32 @@ func (h *APIHealth) Observe(err error) {
 	}
 }
 
+// Gate returns a ready func for Queue.ProcessNext: it waits for first (the
+// driver; nil: nothing) and then for the API server to be up.
+func (h *APIHealth) Gate(first func(context.Context) error) func(context.Context) error {
+	return func(ctx context.Context) error {
+		if first != nil {
+			if err := first(ctx); err != nil {
+				return err
+			}
+		}
+		return h.WaitUp(ctx)
+	}
+}
+
+// Observing wraps a sync for Queue.ProcessNext so that an error of a
+// request that got no answer marks the API server down: the workers then
+// wait in Gate instead of failing every item in turn.
+func Observing[T any](h *APIHealth, sync func(context.Context, T) error) func(context.Context, T) error {
+	return func(ctx context.Context, key T) error {
+		err := sync(ctx, key)
+		if IsUnreachable(err) {
+			h.Observe(err)
+		}
+		return err
+	}
+}
+
 // Up reports whether the API server answered the last request.
 func (h *APIHealth) Up() bool {
 	if h == nil {

@@ -142,3 +142,35 @@ func TestStillLeading(t *testing.T) {
 		t.Errorf("after the context ended: %v", err)
 	}
 }
+
+// TestGateAndObserving: Observing marks the server down on an unanswered
+// request only; Gate runs its first wait and then blocks while the server
+// is down.
+func TestGateAndObserving(t *testing.T) {
+	h := NewAPIHealth(nil, func(context.Context) error { return errors.New("still down") }, time.Hour)
+	unreachable := &url.Error{Op: "Get", URL: "https://127.0.0.1:6443", Err: syscall.ECONNREFUSED}
+	sync := Observing(h, func(_ context.Context, err error) error { return err })
+	_ = sync(context.Background(), apierrors.NewNotFound(schema.GroupResource{Resource: "pods"}, "x"))
+	if !h.Up() {
+		t.Fatal("an API error marked the server down")
+	}
+	_ = sync(context.Background(), unreachable)
+	if h.Up() {
+		t.Fatal("an unanswered request did not mark the server down")
+	}
+	firstRan := false
+	gate := h.Gate(func(context.Context) error { firstRan = true; return nil })
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if err := gate(ctx); !errors.Is(err, context.DeadlineExceeded) || !firstRan {
+		t.Fatalf("gate while down: %v (first ran: %v), want to wait until the deadline", err, firstRan)
+	}
+	h.Observe(nil)
+	if err := h.Gate(nil)(context.Background()); err != nil {
+		t.Fatalf("gate while up: %v", err)
+	}
+	stop := errors.New("driver away")
+	if err := h.Gate(func(context.Context) error { return stop })(context.Background()); !errors.Is(err, stop) {
+		t.Fatalf("gate with a failing first wait: %v", err)
+	}
+}

@@ -151,6 +151,7 @@ type Controller struct {
 	objects         cache.Indexer
 
 	q    *kube.Queue[workItem]
+	api  *kube.APIHealth
 	topo *topology
 
 	// Set by Run before any handler or worker runs, constant after.
@@ -178,6 +179,7 @@ func New(cfg Config) (*Controller, error) {
 		csi:       cfg.CSI,
 		clock:     clock.RealClock{},
 		q:         kube.NewQueue[workItem](QueueName, cfg.RetryIntervalStart, cfg.RetryIntervalMax),
+		api:       cfg.Informers.APIHealth(),
 		topo:      newTopology(),
 		items:     map[workItem]*itemState{},
 	}
@@ -344,7 +346,9 @@ func (c *Controller) worker(ctx context.Context) {
 // still queued. Final gRPC errors of GetCapacity wait longer. It returns
 // false when the worker should stop.
 func (c *Controller) processNextItem(ctx context.Context) bool {
-	return c.q.ProcessNext(ctx, c.csi.WaitReady, c.sync, csiclient.IsFinal)
+	// Nothing is asked of the driver while the API server is away: the
+	// answer could not be published.
+	return c.q.ProcessNext(ctx, c.api.Gate(c.csi.WaitReady), kube.Observing(c.api, c.sync), csiclient.IsFinal)
 }
 
 // classWanted tells whether objects are published for sc.

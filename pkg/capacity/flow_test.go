@@ -418,3 +418,27 @@ func (f *fixture) drainQueued(t *testing.T, what string) {
 		}
 	}
 }
+
+// TestNoWritesWithoutTheLease: a replica that can no longer be sure it
+// holds its Lease publishes nothing; once sure again it does.
+func TestNoWritesWithoutTheLease(t *testing.T) {
+	f := newFixture(t, topoCaps, with(twoZones(), class("fast")))
+	leading := false
+	f.ctx = kube.WithLeaderCheck(f.ctx, func() error {
+		if !leading {
+			return kube.ErrNotLeading
+		}
+		return nil
+	})
+	f.drain()
+	if w := f.writes(); len(w) != 0 {
+		t.Fatalf("writes while not sure of the Lease: %+v", w)
+	}
+	leading = true
+	f.c.q.ResetBackoff()
+	f.c.enqueueAll()
+	f.drain()
+	if n := len(f.writes()); n != 2 {
+		t.Errorf("%d writes once leading, want 2 creates", n)
+	}
+}

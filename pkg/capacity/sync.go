@@ -16,6 +16,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
+
+	"github.com/loopvol/loopvol/internal/kube"
 )
 
 // createdTTL is how long an object the controller created counts as
@@ -277,6 +279,9 @@ func (c *Controller) create(ctx context.Context, it workItem, want figures) erro
 	if c.owner != nil {
 		obj.OwnerReferences = []metav1.OwnerReference{*c.owner}
 	}
+	if err := kube.StillLeading(ctx); err != nil {
+		return err
+	}
 	c.intend(it, "", want)
 	created, err := c.client.StorageV1().CSIStorageCapacities(c.cfg.Namespace).Create(ctx, obj, metav1.CreateOptions{})
 	if err != nil {
@@ -311,6 +316,9 @@ func (c *Controller) update(ctx context.Context, it workItem, o *storagev1.CSISt
 	data, err := json.Marshal(patch)
 	if err != nil {
 		return fmt.Errorf("encode the patch of CSIStorageCapacity %s: %w", o.Name, err)
+	}
+	if err := kube.StillLeading(ctx); err != nil {
+		return err
 	}
 	c.intend(it, o.UID, want)
 	patched, err := c.client.StorageV1().CSIStorageCapacities(o.Namespace).Patch(ctx, o.Name, types.MergePatchType, data, metav1.PatchOptions{})
@@ -350,6 +358,11 @@ func (c *Controller) wrote(it workItem, o *storagev1.CSIStorageCapacity, want fi
 // delete deletes o (only that object: a UID precondition). An object
 // already gone is no error.
 func (c *Controller) delete(ctx context.Context, it workItem, o *storagev1.CSIStorageCapacity, reason string) error {
+	// A replica that may have lost its Lease writes nothing: the new
+	// leader publishes from its own, fresher view.
+	if err := kube.StillLeading(ctx); err != nil {
+		return err
+	}
 	err := c.client.StorageV1().CSIStorageCapacities(o.Namespace).Delete(ctx, o.Name, metav1.DeleteOptions{
 		Preconditions: &metav1.Preconditions{UID: &o.UID},
 	})

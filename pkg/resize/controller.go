@@ -122,6 +122,7 @@ type Controller struct {
 	pvLister    corelisters.PersistentVolumeLister
 
 	queue   *kube.Queue[string]
+	api     *kube.APIHealth
 	state   *claimState
 	metrics *metrics
 }
@@ -149,6 +150,7 @@ func New(cfg Config) (*Controller, error) {
 		// same way until someone changes it, and that change queues the
 		// claim at once anyway.
 		queue:   kube.NewQueue[string](QueueName(cfg.DriverName), cfg.RetryIntervalStart, cfg.RetryIntervalMax),
+		api:     cfg.Informers.APIHealth(),
 		state:   newClaimState(),
 		metrics: m,
 	}
@@ -212,7 +214,9 @@ func (c *Controller) worker(ctx context.Context) {
 func (c *Controller) processNext(ctx context.Context) bool {
 	// While the driver is away, the claims wait in the queue rather than
 	// fail each.
-	return c.queue.ProcessNext(ctx, c.csi.WaitReady, c.trackedSync, isFinal)
+	// No driver call while the API server is away: its outcome could not
+	// be recorded, and every claim would fail in turn.
+	return c.queue.ProcessNext(ctx, c.api.Gate(c.csi.WaitReady), kube.Observing(c.api, c.trackedSync), isFinal)
 }
 
 // trackedSync syncs key; an update event that arrived during the sync and

@@ -1,6 +1,7 @@
 package resize
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -14,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/loopvol/loopvol/internal/kube"
 	"github.com/loopvol/loopvol/pkg/csiclient"
 )
 
@@ -560,4 +562,37 @@ loopvol_resizer_resizes_total 1
 	if err := testutil.GatherAndCompare(f.registry, strings.NewReader(want)); err != nil {
 		t.Error(err)
 	}
+}
+
+// TestNoExpandWithoutTheLease: a replica that can no longer be sure it
+// holds its Lease does not call the driver; once it is sure again, the
+// claim is expanded.
+func TestNoExpandWithoutTheLease(t *testing.T) {
+	f := newFixture(t, expandCaps, []runtime.Object{claim("c", "2Gi", "1Gi"), volume("c", "1Gi")})
+	leading := false
+	ctx := f.ctx
+	f.ctx = kube.WithLeaderCheck(ctx, func() error {
+		if !leading {
+			return kube.ErrNotLeading
+		}
+		return nil
+	})
+	f.queueAll()
+	f.drain()
+	if calls := f.csi.takeCalls(); len(calls) != 0 {
+		t.Fatalf("driver called while not sure of the Lease: %+v", calls)
+	}
+	for _, a := range f.actions() {
+		if a.Verb != "get" {
+			t.Fatalf("API write while not sure of the Lease: %+v", a)
+		}
+	}
+	if err := f.errs[len(f.errs)-1]; !errors.Is(err, kube.ErrNotLeading) {
+		t.Fatalf("sync: %v, want ErrNotLeading", err)
+	}
+	leading = true
+	f.c.queue.ResetBackoff()
+	f.queueAll()
+	f.drain()
+	diff(t, "driver calls once leading", []expandCall{{VolumeID: "vol-c", RequiredBytes: 2 * gi, Capability: mountSNW}}, f.csi.takeCalls())
 }

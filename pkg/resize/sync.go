@@ -15,6 +15,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 
+	"github.com/loopvol/loopvol/internal/kube"
 	"github.com/loopvol/loopvol/pkg/csiclient"
 )
 
@@ -150,6 +151,11 @@ func (c *Controller) nodeExpands(ctx context.Context) (bool, error) {
 // the driver again (a no-op) and records the outcome.
 func (c *Controller) expand(ctx context.Context, key string, pvc *corev1.PersistentVolumeClaim, pv *corev1.PersistentVolume, d decision, caps csiclient.Capabilities) error {
 	logger := klog.FromContext(ctx)
+	// Neither the claim nor the driver is touched by a replica that may
+	// have lost its Lease (checked again before the driver call).
+	if err := kube.StillLeading(ctx); err != nil {
+		return err
+	}
 	pvc, err := c.patchClaim(ctx, pvc, false, func(p *corev1.PersistentVolumeClaim) { markInProgress(p, d, c.clock.Now()) })
 	if err != nil {
 		return fmt.Errorf("mark PersistentVolumeClaim %s as resizing: %w", key, err)
@@ -216,6 +222,11 @@ func (c *Controller) resizeVolume(ctx context.Context, pv *corev1.PersistentVolu
 	}
 	secrets, err := c.secrets(ctx, src.ControllerExpandSecretRef)
 	if err != nil {
+		return target, false, err
+	}
+	// A replica that may have lost its Lease leaves the driver alone: the
+	// new leader is about to act on the same claim.
+	if err := kube.StillLeading(ctx); err != nil {
 		return target, false, err
 	}
 	klog.FromContext(ctx).V(4).Info("Expanding volume", "volumeID", src.VolumeHandle, "requiredBytes", target.Value())
