@@ -7,6 +7,7 @@ import (
 	"os"
 
 	"github.com/loopvol/loopvol/pkg/loop"
+	"github.com/loopvol/loopvol/pkg/pool"
 	"golang.org/x/sys/unix"
 	"k8s.io/klog/v2"
 	"k8s.io/mount-utils"
@@ -23,9 +24,11 @@ import (
 //
 // The freeze lasts as long as the clone: nothing for a reflink, the copy's
 // time on the copy path (writers of the volume wait meanwhile). Were the
-// process killed while frozen, the filesystem would stay frozen until
-// someone thaws it (fsfreeze -u <staging path>); the deferred thaw covers
-// every return and panic, not a SIGKILL.
+// process killed while frozen, the filesystem would stay frozen: the
+// deferred thaw covers every return and panic, not a SIGKILL. The restarted
+// controller thaws it (thawAbandoned: the snapshot's record still says not
+// ready and nobody holds its lock); until then fsfreeze -u <staging path>
+// does.
 
 // The ioctls of linux/fs.h, _IOWR('X', 119, int) and _IOWR('X', 120, int);
 // golang.org/x/sys/unix does not define them.
@@ -55,8 +58,18 @@ type thawFunc func()
 // An error is returned only when a freeze was possible and failed.
 func (f *freezer) freeze(ctx context.Context, image string) (thawFunc, error) {
 	noop := func() {}
-	if f == nil || f.loop == nil {
+	dir, dev, ok := f.mountOf(ctx, image)
+	if !ok {
 		return noop, nil
+	}
+	return freezeAt(ctx, dir, dev)
+}
+
+// mountOf finds where the filesystem on image is mounted in this process's
+// mount table: ok is false when it is not, or when that cannot be told.
+func (f *freezer) mountOf(ctx context.Context, image string) (dir, dev string, ok bool) {
+	if f == nil || f.loop == nil {
+		return "", "", false
 	}
 	logger := klog.FromContext(ctx)
 	dev, ok, err := f.loop.Find(image)
@@ -64,25 +77,93 @@ func (f *freezer) freeze(ctx context.Context, image string) (thawFunc, error) {
 		if err != nil {
 			logger.V(4).Info("Cannot tell whether the volume is attached here; the snapshot is crash-consistent", "image", image, "err", err)
 		}
-		return noop, nil
+		return "", "", false
 	}
 	var st unix.Stat_t
 	if err := unix.Stat(dev, &st); err != nil {
-		return noop, nil
+		return "", "", false
 	}
 	mounts, err := mount.ParseMountInfo(f.mountInfo)
 	if err != nil {
 		logger.V(4).Info("Cannot read the mount table; the snapshot is crash-consistent", "err", err)
-		return noop, nil
+		return "", "", false
 	}
 	major, minor := int(unix.Major(st.Rdev)), int(unix.Minor(st.Rdev))
 	for _, m := range mounts {
-		if m.Major != major || m.Minor != minor || m.Root != "/" {
-			continue
+		if m.Major == major && m.Minor == minor && m.Root == "/" {
+			return m.MountPoint, dev, true
 		}
-		return freezeAt(ctx, m.MountPoint, dev)
 	}
-	return noop, nil
+	return "", "", false
+}
+
+// thawAbandoned thaws what a controller killed during a clone left frozen
+// (the deferred thaw does not run on SIGKILL): the source volumes, mounted
+// here, of every snapshot and group snapshot whose record says not ready
+// while nobody holds its lock: the call that froze them is gone. It runs
+// once, at Start, before the sweep (which removes such records after the
+// orphan grace and with them the evidence). FITHAW of a filesystem that is
+// not frozen fails with EINVAL and changes nothing; a filesystem frozen
+// without such a record (an administrator's fsfreeze) is left alone.
+func (s *Server) thawAbandoned(ctx context.Context) {
+	if s.freezer == nil {
+		return
+	}
+	for _, name := range s.poolNames {
+		p := s.pools[name]
+		var sources []string
+		if ids, err := p.ListSnapshotIDs(); err == nil {
+			for _, id := range ids {
+				unlock, err := p.LockSnapshot(id)
+				if err != nil {
+					continue // busy: a live call owns it
+				}
+				if snap, err := p.ReadSnapshot(id); err == nil && !snap.ReadyToUse {
+					sources = append(sources, snap.SourceVolumeID)
+				}
+				unlock()
+			}
+		}
+		if ids, err := p.ListGroupIDs(); err == nil {
+			for _, id := range ids {
+				unlock, err := p.LockGroup(id)
+				if err != nil {
+					continue
+				}
+				if g, err := p.ReadGroup(id); err == nil && !g.ReadyToUse {
+					sources = append(sources, g.SourceVolumeIDs...)
+				}
+				unlock()
+			}
+		}
+		for _, src := range sources {
+			vid, err := pool.ParseVolumeID(src)
+			if err != nil || vid.Pool != p.Name {
+				continue
+			}
+			s.freezer.thaw(ctx, p.ImagePath(vid), src)
+		}
+	}
+}
+
+// thaw thaws the filesystem on image if it is mounted here and frozen.
+func (f *freezer) thaw(ctx context.Context, image, volumeID string) {
+	dir, dev, ok := f.mountOf(ctx, image)
+	if !ok {
+		return
+	}
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return
+	}
+	defer unix.Close(fd)
+	logger := klog.FromContext(ctx)
+	switch err := unix.IoctlSetInt(fd, ioctlFITHAW, 0); {
+	case err == nil:
+		logger.Info("Thawed a filesystem that a killed snapshot left frozen", "volumeID", volumeID, "mountPoint", dir, "device", dev)
+	case !errors.Is(err, unix.EINVAL):
+		logger.Error(err, "A filesystem that a killed snapshot may have left frozen could not be thawed; thaw it with fsfreeze -u", "volumeID", volumeID, "mountPoint", dir, "device", dev)
+	}
 }
 
 // freezeAt freezes the filesystem mounted at dir. EBUSY means it is frozen

@@ -1,11 +1,14 @@
 package controller
 
 import (
+	"context"
+	"encoding/json"
 	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/loopvol/loopvol/pkg/loop"
@@ -254,5 +257,54 @@ func TestFreezeGroupSnapshot(t *testing.T) {
 	wantCode(t, err, codes.Internal)
 	if n := allFrozen(); n != 0 {
 		t.Fatalf("%d members are still frozen after a failed group snapshot", n)
+	}
+}
+
+// TestThawAbandonedFreeze: what a controller killed mid-clone leaves (the
+// source frozen, the snapshot's record saying not ready, nobody holding its
+// lock) is thawed by the restarted controller's Start; a filesystem frozen
+// by someone else, with no such record, stays frozen.
+func TestThawAbandonedFreeze(t *testing.T) {
+	looptest.RequireRoot(t)
+	p, err := pool.Open(pool.Options{Name: "p1", Zone: "z1", Path: filepath.Join(t.TempDir(), "pool")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := New(Config{Pools: []*pool.Pool{p}, Loop: loop.New()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	abandoned, dir := mountedVolume(t, s, p, "pvc-abandoned", "ext4")
+	_, adminDir := mountedVolume(t, s, p, "pvc-admin-frozen", "ext4")
+	for _, d := range []string{dir, adminDir} {
+		fd, err := unix.Open(d, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = unix.IoctlSetInt(fd, ioctlFIFREEZE, 0)
+		unix.Close(fd)
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The record a CreateSnapshot writes before its clone.
+	sid := pool.DeriveSnapshotID("p1", "snap-killed")
+	rec, err := json.Marshal(map[string]any{"id": sid.String(), "name": "snap-killed", "sourceVolumeID": abandoned,
+		"sizeBytes": 320 * mib, "accessType": "mount", "fsType": "ext4", "created": time.Now().UTC(), "readyToUse": false, "generation": 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(p.Path, "volumes", "snap-"+sid.Hash+".json"), rec, 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	cctx, cancel := context.WithCancel(ctx(t))
+	defer cancel()
+	s.Start(cctx)
+	if frozen(t, dir) {
+		t.Error("the source of a snapshot whose controller was killed is still frozen after Start")
+	}
+	if !frozen(t, adminDir) {
+		t.Error("Start thawed a filesystem frozen by someone else")
 	}
 }

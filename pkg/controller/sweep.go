@@ -8,10 +8,12 @@ import (
 	"k8s.io/klog/v2"
 )
 
-// Start sweeps every pool once, before the caller serves (what a killed
-// process left is gone before the first request), then again every sweep
-// interval until ctx ends, in the background.
+// Start thaws what a killed process left frozen (freeze.go) and sweeps
+// every pool once, before the caller serves (what a killed process left is
+// gone before the first request), then again every sweep interval until
+// ctx ends, in the background.
 func (s *Server) Start(ctx context.Context) {
+	s.thawAbandoned(ctx) // before the sweep removes the records that tell
 	s.Sweep(ctx)
 	go func() {
 		t := time.NewTicker(s.sweepInterval)

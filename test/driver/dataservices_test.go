@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"golang.org/x/sys/unix"
@@ -126,4 +127,74 @@ func TestModifyPreallocateThroughTheDriver(t *testing.T) {
 		return err
 	}(), codes.InvalidArgument)
 	s.detach(t, v.GetVolumeId())
+}
+
+// isFrozen reports whether the filesystem mounted at dir is frozen (a
+// second freeze is EBUSY); one that was not is thawed again.
+func isFrozen(t *testing.T, dir string) bool {
+	t.Helper()
+	const fifreeze, fithaw = 0xC0045877, 0xC0045878
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	if err := unix.IoctlSetInt(fd, fifreeze, 0); err == unix.EBUSY {
+		return true
+	} else if err != nil {
+		t.Fatalf("FIFREEZE %s: %v", dir, err)
+	}
+	unix.IoctlSetInt(fd, fithaw, 0)
+	return false
+}
+
+// TestKilledWhileFrozen: the driver is killed (SIGKILL) while it copies a
+// snapshot of a mounted volume, which it froze; the filesystem stays frozen
+// (no deferred thaw runs), and the restarted driver thaws it before it
+// serves; the retried snapshot then completes.
+func TestKilledWhileFrozen(t *testing.T) {
+	s := newSnapPool(t, false)
+	cap := mountCap(snw, "ext4")
+	src := s.createFrom(t, "pvc-frozen", 2*gib, cap, nil)
+	target := s.attach(t, src.GetVolumeId(), cap)
+	// Data, so that the copy takes a while.
+	if out, err := exec.Command("dd", "if=/dev/urandom", "of="+filepath.Join(target, "data"), "bs=4M", "count=384", "conv=fsync", "status=none").CombinedOutput(); err != nil {
+		t.Fatalf("dd: %v: %s", err, out)
+	}
+	staging, _ := paths(s.kubelet, filepath.Base(src.GetVolumeId()))
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.ctrl.CreateSnapshot(bg(), &csi.CreateSnapshotRequest{Name: "snap-frozen", SourceVolumeId: src.GetVolumeId()})
+		done <- err
+	}()
+	// The record that says not ready is written while the source is frozen.
+	for found := false; !found; {
+		for _, name := range poolEntries(t, s.pool) {
+			found = found || (strings.HasPrefix(name, "snap-") && strings.HasSuffix(name, ".json"))
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("CreateSnapshot finished (%v) before the test saw its record", err)
+		case <-time.After(time.Millisecond):
+		}
+	}
+	s.d.Kill()
+	<-done
+	if !isFrozen(t, staging) {
+		t.Skip("the copy finished before the kill; nothing was left frozen")
+	}
+	s.start(t)
+	if isFrozen(t, staging) {
+		t.Fatal("the restarted driver left the volume frozen")
+	}
+	if err := os.WriteFile(filepath.Join(target, "after"), []byte("writable\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.ctrl.CreateSnapshot(bg(), &csi.CreateSnapshotRequest{Name: "snap-frozen", SourceVolumeId: src.GetVolumeId()}); err != nil {
+		t.Fatalf("retried CreateSnapshot: %v", err)
+	}
+	if isFrozen(t, staging) {
+		t.Fatal("frozen after the retried snapshot")
+	}
+	s.detach(t, src.GetVolumeId())
 }
