@@ -1,4 +1,5 @@
-// Package controller implements loopvol's CSI Identity and Controller services
+// Package controller implements loopvol's CSI Identity, Controller and
+// GroupController services
 // on top of pkg/pool: it validates every request before anything touches the
 // disk, takes the per-volume lock (busy → ABORTED), looks the volume up and
 // acts. ControllerPublishVolume is fencing: it records the attachment in the
@@ -6,7 +7,11 @@
 // attached to them.
 //
 // Snapshots (snapshot.go) are images beside their source volume's in its
-// pool; CreateVolume restores one or clones a volume (source.go).
+// pool; CreateVolume restores one or clones a volume (source.go). A volume
+// mounted on this node is frozen for its clone (freeze.go). The
+// GroupController service (group.go) snapshots volumes of one pool
+// together. ControllerModifyVolume (modify.go) applies the mutable
+// parameters of a VolumeAttributesClass. docs/snapshots.md has the whole.
 //
 // Errors are plain wrapped errors inside: pkg/pool's sentinels and this
 // package's kinds (errors.go). toStatus turns them into gRPC codes in one

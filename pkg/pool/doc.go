@@ -26,7 +26,11 @@
 // record of their own (snap-<hash>.json, written first as not ready); their
 // IDs (<pool>.snap-<hash>) never parse as volume IDs. An image is copied by
 // FICLONE where the filesystem has reflinks, else by a sparse copy whose
-// space is reserved under the pool lock (copy.go).
+// space is reserved under the pool lock (copy.go). A group snapshot
+// (group.go) is a record listing member snapshots whose records name it. A
+// volume's image is thick (fully allocated) or thin (sparse, still counted
+// as promised); SetLayout changes it, with the intent in the record
+// (layout.go).
 //
 // The package imports only the standard library and x/sys: it knows nothing of
 // gRPC or Kubernetes. Callers map its sentinel errors to status codes.
