@@ -1,10 +1,9 @@
 // Package controller implements loopvol's CSI Identity, Controller and
-// GroupController services
-// on top of pkg/pool: it validates every request before anything touches the
-// disk, takes the per-volume lock (busy → ABORTED), looks the volume up and
-// acts. ControllerPublishVolume is fencing: it records the attachment in the
-// volume record, and node plugins refuse to stage a volume that is not
-// attached to them.
+// GroupController services on top of pkg/pool: it validates every request
+// before anything touches the disk, takes the per-volume lock (busy →
+// ABORTED), looks the volume up and acts. ControllerPublishVolume is
+// fencing: it records the attachment in the volume record, and node plugins
+// refuse to stage a volume that is not attached to them.
 //
 // Snapshots (snapshot.go) are images beside their source volume's in its
 // pool; CreateVolume restores one or clones a volume (source.go). A volume
