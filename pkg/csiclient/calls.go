@@ -113,6 +113,19 @@ func (c *Client) ControllerExpandVolume(ctx context.Context, req *csi.Controller
 	return rsp, nil
 }
 
+// ControllerModifyVolume calls ControllerModifyVolume, bounded by
+// Config.Timeout. An error keeps its gRPC status. The request's secrets are
+// never logged.
+func (c *Client) ControllerModifyVolume(ctx context.Context, req *csi.ControllerModifyVolumeRequest) (*csi.ControllerModifyVolumeResponse, error) {
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
+	defer cancel()
+	rsp, err := c.controller.ControllerModifyVolume(ctx, req)
+	if err != nil {
+		return nil, fmt.Errorf("ControllerModifyVolume: %w", err)
+	}
+	return rsp, nil
+}
+
 // NodeGetInfo calls the node service's NodeGetInfo, bounded by
 // Config.Timeout: the node ID, its topology and its volume limit.
 func (c *Client) NodeGetInfo(ctx context.Context) (*csi.NodeGetInfoResponse, error) {

@@ -33,6 +33,9 @@ type Capabilities struct {
 	GetCapacity bool `json:"getCapacity"`
 	// ExpandVolume: the controller's EXPAND_VOLUME (ControllerExpandVolume).
 	ExpandVolume bool `json:"expandVolume"`
+	// ModifyVolume: MODIFY_VOLUME (ControllerModifyVolume, the
+	// VolumeAttributesClass parameters of a volume).
+	ModifyVolume bool `json:"modifyVolume"`
 	// Topology: the plugin's VOLUME_ACCESSIBILITY_CONSTRAINTS; volumes are
 	// reachable only from some topology segments.
 	Topology bool `json:"topology"`
@@ -106,6 +109,7 @@ func (c *Client) probeOnce(ctx context.Context) (string, Capabilities, error) {
 	caps.SingleNodeMultiWriter = ctrl[csi.ControllerServiceCapability_RPC_SINGLE_NODE_MULTI_WRITER]
 	caps.GetCapacity = ctrl[csi.ControllerServiceCapability_RPC_GET_CAPACITY]
 	caps.ExpandVolume = ctrl[csi.ControllerServiceCapability_RPC_EXPAND_VOLUME]
+	caps.ModifyVolume = ctrl[csi.ControllerServiceCapability_RPC_MODIFY_VOLUME]
 	return name, caps, nil
 }
 

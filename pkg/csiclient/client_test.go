@@ -24,6 +24,7 @@ var allControllerCaps = []csi.ControllerServiceCapability_RPC_Type{
 	csi.ControllerServiceCapability_RPC_LIST_VOLUMES,
 	csi.ControllerServiceCapability_RPC_LIST_VOLUMES_PUBLISHED_NODES,
 	csi.ControllerServiceCapability_RPC_SINGLE_NODE_MULTI_WRITER,
+	csi.ControllerServiceCapability_RPC_MODIFY_VOLUME,
 }
 
 // connect starts nothing; it connects to path with a short call timeout and
@@ -86,6 +87,7 @@ func TestConnectCapabilities(t *testing.T) {
 				ListVolumes:               true,
 				ListVolumesPublishedNodes: true,
 				SingleNodeMultiWriter:     true,
+				ModifyVolume:              true,
 			},
 		},
 		{
