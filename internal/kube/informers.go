@@ -29,8 +29,8 @@ const (
 	// affinity (which topology segment a volume uses).
 	PVCapacity
 	// PVResize: the CSI source, capacity, storage class, claim reference,
-	// access modes, volume mode, mount options, node affinity, phase and
-	// annotations.
+	// access modes, volume mode, mount options, node affinity, phase,
+	// annotations and VolumeAttributesClass name.
 	PVResize
 )
 
@@ -162,6 +162,21 @@ func (f *Informers) StorageClasses() cache.SharedIndexInformer {
 			},
 			func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
 				return st.StorageClasses().Watch(ctx, o)
+			})
+	})
+}
+
+// VolumeAttributesClasses is the informer over every VolumeAttributesClass
+// (storage.k8s.io/v1).
+func (f *Informers) VolumeAttributesClasses() cache.SharedIndexInformer {
+	st := f.client.StorageV1()
+	return f.get("volumeattributesclasses", func() cache.SharedIndexInformer {
+		return f.newInformer(&storagev1.VolumeAttributesClass{}, StripForCache,
+			func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+				return st.VolumeAttributesClasses().List(ctx, o)
+			},
+			func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+				return st.VolumeAttributesClasses().Watch(ctx, o)
 			})
 	})
 }

@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/klog/v2/ktesting"
+	"k8s.io/utils/ptr"
 )
 
 func fullPV() *corev1.PersistentVolume {
@@ -34,6 +35,7 @@ func fullPV() *corev1.PersistentVolume {
 			PersistentVolumeReclaimPolicy: corev1.PersistentVolumeReclaimDelete,
 			NodeAffinity:                  &corev1.VolumeNodeAffinity{Required: &corev1.NodeSelector{}},
 			PersistentVolumeSource:        corev1.PersistentVolumeSource{CSI: &corev1.CSIPersistentVolumeSource{Driver: "d", VolumeHandle: "h"}},
+			VolumeAttributesClassName:     ptr.To("fast"),
 		},
 		Status: corev1.PersistentVolumeStatus{Phase: corev1.VolumeBound, Message: "m"},
 	}
@@ -61,6 +63,7 @@ func TestStripPV(t *testing.T) {
 	resize.Annotations = map[string]string{"a": "v"}
 	resize.Spec = both.Spec
 	resize.Spec.ClaimRef = full.Spec.ClaimRef
+	resize.Spec.VolumeAttributesClassName = full.Spec.VolumeAttributesClassName
 	resize.Status.Phase = corev1.VolumeBound
 
 	for _, tc := range []struct {

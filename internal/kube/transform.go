@@ -53,6 +53,7 @@ func StripPV(obj any, fields PVFields) (any, error) {
 	var status corev1.PersistentVolumeStatus
 	if fields&PVResize != 0 {
 		spec.ClaimRef = pv.Spec.ClaimRef
+		spec.VolumeAttributesClassName = pv.Spec.VolumeAttributesClassName
 		status.Phase = pv.Status.Phase
 	} else {
 		pv.Annotations = nil
