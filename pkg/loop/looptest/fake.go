@@ -25,6 +25,8 @@ type Fake struct {
 	NoDirectIO bool
 	// Err, when set, is returned by every method before it does anything.
 	Err error
+	// TuneErr, when set, is returned by Tune (a read-only /sys).
+	TuneErr error
 	// Calls lists the calls made, in order, as "Attach /pool/x.img" and the like.
 	Calls []string
 }
@@ -172,6 +174,9 @@ func (f *Fake) Tune(devPath string) error {
 	defer f.mu.Unlock()
 	if err := f.call("Tune %s", devPath); err != nil {
 		return err
+	}
+	if f.TuneErr != nil {
+		return f.TuneErr
 	}
 	d, ok := f.devices[devPath]
 	if !ok {
