@@ -71,6 +71,14 @@ func (p *Pool) countImages(u *Usage) error {
 		}
 	}
 	for _, name := range names {
+		if strings.HasPrefix(name, ".") && strings.HasSuffix(name, moveTempSuffix) {
+			// The copy of a move in progress: what it has not
+			// allocated yet is promised to the volume coming in.
+			if st, err := p.vols.stat(name); err == nil && st.Mode&unix.S_IFMT == unix.S_IFREG && st.Size > st.Blocks*512 {
+				u.PromisedBytes += st.Size - st.Blocks*512
+			}
+			continue
+		}
 		hash, ok := strings.CutSuffix(name, imageSuffix)
 		if !ok {
 			continue

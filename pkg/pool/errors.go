@@ -25,6 +25,12 @@ var (
 	// directory, device or hard link in place of a record or image, or a
 	// file of another owner); it is never followed or opened for I/O.
 	ErrUntrusted = errors.New("pool file cannot be trusted")
+	// ErrMoved: the record read is a forwarding record: the volume lives
+	// in another pool (Locate follows it).
+	ErrMoved = errors.New("volume moved to another pool")
+	// ErrGuest: the record under this pool's ID is of another pool's
+	// volume that was moved here (same hash): no volume of this ID.
+	ErrGuest = errors.New("record is of a volume moved here from another pool")
 	// ErrTooLarge: a record would exceed MaxRecordBytes.
 	ErrTooLarge = errors.New("record too large")
 )

@@ -20,9 +20,11 @@ type Unlock func()
 // record at once. A held lock gives ErrBusy, which the servers turn into
 // ABORTED: the caller retries later, as the CSI spec asks. Every decision
 // that depends on a volume's record reads the record after Lock returns.
+// A volume's lock is its home pool's (the one its ID names), wherever it
+// lives (move.go): another pool's ID is refused (ErrNotFound).
 func (p *Pool) Lock(id VolumeID) (Unlock, error) {
-	if err := p.own(id); err != nil {
-		return nil, err
+	if id.Pool != p.Name {
+		return nil, fmt.Errorf("volume %s is not of pool %s, and is locked in its own: %w", id, p.Name, ErrNotFound)
 	}
 	return p.lockStem(id.Hash, "volume "+id.String())
 }

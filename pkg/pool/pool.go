@@ -159,11 +159,12 @@ func imageName(id VolumeID) string  { return id.Hash + imageSuffix }
 func recordName(id VolumeID) string { return id.Hash + recordSuffix }
 func lockName(id VolumeID) string   { return id.Hash + lockSuffix }
 
+// own checks that id may name a volume of this pool: any valid ID may, since
+// a volume moved here from its home pool keeps the home's ID (move.go).
+// Which pool a volume lives in is Locate's to say; every record read checks
+// that the record names the ID asked for.
 func (p *Pool) own(id VolumeID) error {
-	if id.Pool != p.Name {
-		return fmt.Errorf("volume %s is not in pool %s: %w", id, p.Name, ErrNotFound)
-	}
-	return nil
+	return ValidatePoolName(id.Pool)
 }
 
 // Close releases the pool's directory descriptors. A driver keeps its pools

@@ -49,8 +49,21 @@ type Volume struct {
 	// the new Thin once it has. A record that still has it is the remains
 	// of a modify that crashed half-way; the caller's retry finishes it.
 	Modifying map[string]string `json:"modifying,omitempty"`
+	// MovedTo makes this a forwarding record, in the volume's home pool
+	// (the one its ID names): the volume lives in that pool of the same
+	// zone, which holds its image and full record (move.go). A
+	// forwarding record has only ID, Name, MovedTo, Move and Generation.
+	MovedTo string `json:"movedTo,omitempty"`
+	// Move, in the home record, is a move to another pool in progress
+	// (move.go); the next holder of the volume's lock finishes it.
+	Move *Move `json:"move,omitempty"`
 	// Generation counts the writes of this record.
 	Generation int64 `json:"generation"`
+
+	// resident is the pool the record was read from (or made in):
+	// WriteVolume writes it there only, so a record read in the pool a
+	// volume moved to is never written over its home's forwarding record.
+	resident string
 }
 
 // AttachedTo returns the attachment of the volume to node, if there is one.
@@ -102,17 +115,36 @@ func (p *Pool) sourceStem(src *Source) (string, error) {
 // ErrNotFound; an unreadable record (it does not parse, is larger than
 // MaxRecordBytes, is not a regular file of the pool's owner) wraps
 // ErrCorrupt.
+//
+// It reads the record of id in this pool: a volume moved here from its home
+// pool is read by its own ID (Locate finds the pool). The record of another
+// pool's volume moved here, read by this pool's ID of the same hash, wraps
+// ErrGuest; a forwarding record wraps ErrMoved (Locate follows it).
 func (p *Pool) ReadVolume(id VolumeID) (*Volume, error) {
-	if err := p.own(id); err != nil {
+	v, err := p.readRecordOf(id)
+	if err != nil {
 		return nil, err
 	}
+	if v.MovedTo != "" {
+		return nil, fmt.Errorf("volume %s moved to pool %s: %w", id, v.MovedTo, ErrMoved)
+	}
+	return v, nil
+}
+
+// readRecordOf reads the record of id in this pool, whatever its form, and
+// checks that it names id.
+func (p *Pool) readRecordOf(id VolumeID) (*Volume, error) {
 	var v Volume
 	if err := p.vols.readRecord(recordName(id), &v, MaxRecordBytes); err != nil {
 		return nil, fmt.Errorf("volume %s: %w", id, err)
 	}
 	if v.ID != id.String() {
+		if other, err := ParseVolumeID(v.ID); err == nil && other.Hash == id.Hash && other.Pool != id.Pool {
+			return nil, fmt.Errorf("volume %s: pool %s holds volume %s, moved here, under its name: %w", id, p.Name, other, ErrGuest)
+		}
 		return nil, fmt.Errorf("volume %s: record names volume %q: %w", id, v.ID, ErrCorrupt)
 	}
+	v.resident = p.Name
 	return &v, nil
 }
 
@@ -165,6 +197,7 @@ func (p *Pool) CreateVolume(spec VolumeSpec) (*Volume, error) {
 		Created:     time.Now().UTC().Truncate(time.Second),
 		Attachments: []Attachment{},
 		Thin:        spec.Thin,
+		resident:    p.Name,
 	}
 	if spec.Source != nil {
 		v.Source = spec.Source.ID
@@ -243,6 +276,12 @@ func (p *Pool) WriteVolume(v *Volume) error {
 	}
 	if err := p.own(id); err != nil {
 		return err
+	}
+	if v.resident != "" && v.resident != p.Name {
+		return fmt.Errorf("volume %s lives in pool %s; its record is not written to pool %s", id, v.resident, p.Name)
+	}
+	if v.MovedTo != "" {
+		return fmt.Errorf("volume %s: WriteVolume writes full records, not forwarding ones", id)
 	}
 	v.Generation++
 	if err := p.vols.writeRecord(recordName(id), v, MaxRecordBytes); err != nil {
