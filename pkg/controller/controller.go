@@ -76,6 +76,9 @@ type Server struct {
 	// beforeClone, if set (by tests), runs while the source is frozen,
 	// just before its clone; an error it returns fails the snapshot.
 	beforeClone func() error
+	// afterMoveStep, if set (by tests), runs after each durable step of a
+	// move (pool.MoveOptions.AfterStep): an error stops the move there.
+	afterMoveStep func(pool.MoveStep) error
 }
 
 // New returns the Controller service.
@@ -149,6 +152,27 @@ func (s *Server) lookup(volumeID string) (*pool.Pool, pool.VolumeID, error) {
 		return nil, id, kindf(errNotFound, "volume %q does not exist: no pool %q", volumeID, id.Pool)
 	}
 	return p, id, nil
+}
+
+// peer finds a configured pool by name: the pools a forwarding record may
+// name (pool.Locate).
+func (s *Server) peer(name string) *pool.Pool { return s.pools[name] }
+
+// locate finds a volume whose home pool is p without a lock: the pool it
+// lives in (p, or the one p's forwarding record names) and its record.
+func (s *Server) locate(p *pool.Pool, id pool.VolumeID) (*pool.Pool, *pool.Volume, error) {
+	return p.Locate(id, s.peer)
+}
+
+// settle is locate for a caller that holds the volume's lock: a move that
+// a crash interrupted is finished or rolled back first (pool.FinishMove,
+// which never copies), so that no RPC acts on a volume half-way between
+// two pools.
+func (s *Server) settle(p *pool.Pool, id pool.VolumeID) (*pool.Pool, *pool.Volume, error) {
+	if _, err := p.FinishMove(id, s.peer); err != nil {
+		return nil, nil, err
+	}
+	return s.locate(p, id)
 }
 
 // keyedLock is a set of try-locks by key.

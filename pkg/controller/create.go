@@ -69,7 +69,7 @@ func (s *Server) createVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 	if p, v, err := s.findByName(req.GetName()); err != nil {
 		return nil, err
 	} else if v != nil {
-		if err := compatible(v, req, shape, src, mut); err != nil {
+		if err := compatible(p, v, req, shape, src, mut); err != nil {
 			return nil, kindf(errExists, "volume %q exists as %s with other properties: %v", req.GetName(), v.ID, err)
 		}
 		logger.V(4).Info("Volume exists already", "volumeID", v.ID)
@@ -130,20 +130,20 @@ func (s *Server) lockName(name string) (func(), error) {
 func (s *Server) findByName(name string) (*pool.Pool, *pool.Volume, error) {
 	for _, pn := range s.poolNames {
 		p := s.pools[pn]
-		v, err := p.ReadVolume(pool.DeriveVolumeID(p.Name, name))
-		if errors.Is(err, pool.ErrNotFound) {
-			continue
+		q, v, err := s.settle(p, pool.DeriveVolumeID(p.Name, name))
+		if errors.Is(err, pool.ErrNotFound) || errors.Is(err, pool.ErrGuest) {
+			continue // none, or one moved here from its home, found there
 		}
 		if err != nil {
 			return nil, nil, err
 		}
-		return p, v, nil
+		return q, v, nil
 	}
 	return nil, nil, nil
 }
 
 // compatible says why an existing volume does not satisfy req, or nil.
-func compatible(v *pool.Volume, req *csi.CreateVolumeRequest, shape volumeShape, src *source, mut mutable) error {
+func compatible(p *pool.Pool, v *pool.Volume, req *csi.CreateVolumeRequest, shape volumeShape, src *source, mut mutable) error {
 	if want := src.id(); v.Source != want {
 		return fmt.Errorf("it was made from %q, the request asks for %q", v.Source, want)
 	}
@@ -163,8 +163,8 @@ func compatible(v *pool.Volume, req *csi.CreateVolumeRequest, shape volumeShape,
 	if v.Parameters[ParameterPool] != req.GetParameters()[ParameterPool] {
 		return fmt.Errorf("its pool parameter is %q, the request gives %q", v.Parameters[ParameterPool], req.GetParameters()[ParameterPool])
 	}
-	if id, _ := pool.ParseVolumeID(v.ID); mut.pool != "" && id.Pool != mut.pool {
-		return fmt.Errorf("it is in pool %s, the request's mutable parameters ask for pool %s", id.Pool, mut.pool)
+	if mut.pool != "" && p.Name != mut.pool {
+		return fmt.Errorf("it is in pool %s, the request's mutable parameters ask for pool %s", p.Name, mut.pool)
 	}
 	if mut.thin != nil && v.Thin != *mut.thin {
 		return fmt.Errorf("its preallocate is %t, the request's mutable parameters ask for %t", !v.Thin, !*mut.thin)
@@ -281,8 +281,12 @@ func (s *Server) deleteVolume(ctx context.Context, req *csi.DeleteVolumeRequest)
 	}
 	defer unlock()
 	logger := klog.FromContext(ctx)
-	v, err := p.ReadVolume(id)
+	q, v, err := s.settle(p, id)
 	switch {
+	case errors.Is(err, pool.ErrGuest):
+		// The record under this ID is of another pool's volume moved
+		// here: no volume of this ID, and nothing of it to delete.
+		return &csi.DeleteVolumeResponse{}, nil
 	case errors.Is(err, pool.ErrNotFound):
 		// Finish a delete that crashed after removing the record, or
 		// clean up an image whose create never finished.
@@ -295,8 +299,18 @@ func (s *Server) deleteVolume(ctx context.Context, req *csi.DeleteVolumeRequest)
 			return nil, err
 		}
 		logger.Error(err, "Deleting a volume whose record is unreadable: no node serves its pool, so none can have it attached")
+		q = p
 	case len(v.Attachments) > 0:
 		return nil, kindf(errPrecondition, "volume %s is still attached to %s; ControllerUnpublishVolume it first", id, nodesOf(v))
+	}
+	if q != p {
+		// A moved volume: its files where it lives first, then the
+		// forwarding record, so that a crash in between leaves a
+		// forwarding record to nothing, which a retry removes (NOT_FOUND
+		// above), never files that no record names.
+		if err := q.DeleteVolume(id); err != nil {
+			return nil, err
+		}
 	}
 	if err := p.DeleteVolume(id); err != nil {
 		return nil, err

@@ -67,7 +67,7 @@ func toStatus(err error) error {
 		code = codes.OutOfRange
 	case errors.Is(err, errBusy):
 		code = codes.Aborted
-	case errors.Is(err, pool.ErrInvalidID), errors.Is(err, pool.ErrNotFound):
+	case errors.Is(err, pool.ErrInvalidID), errors.Is(err, pool.ErrNotFound), errors.Is(err, pool.ErrGuest):
 		code = codes.NotFound
 	case errors.Is(err, pool.ErrExists):
 		code = codes.AlreadyExists

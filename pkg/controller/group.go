@@ -89,10 +89,11 @@ func (s *Server) createGroup(ctx context.Context, req *csi.CreateVolumeGroupSnap
 		if vid == "" {
 			return nil, invalid("source_volume_ids[%d] is empty", i)
 		}
-		q, id, err := s.lookup(vid)
+		home, id, err := s.lookup(vid)
 		if err != nil {
 			return nil, err
 		}
+		q := home.Resident(id, s.peer) // the pool it lives in, where its snapshot is taken
 		if slices.ContainsFunc(members, func(m member) bool { return m.id == id }) {
 			return nil, invalid("source_volume_ids name volume %s twice", vid)
 		}
@@ -145,13 +146,18 @@ func (s *Server) createGroup(ctx context.Context, req *csi.CreateVolumeGroupSnap
 		defer u()
 	}
 	for i := range order {
-		u, err := p.Lock(order[i].id)
+		home := s.pools[order[i].id.Pool]
+		u, err := home.Lock(order[i].id)
 		if err != nil {
 			return nil, err
 		}
 		defer u()
-		if order[i].v, err = p.ReadVolume(order[i].id); err != nil {
+		var q *pool.Pool
+		if q, order[i].v, err = s.settle(home, order[i].id); err != nil {
 			return nil, err
+		}
+		if q != p {
+			return nil, kindf(errBusy, "volume %s moved to pool %s while the group snapshot was being prepared; retry", order[i].id, q.Name)
 		}
 	}
 	g = &pool.Group{ID: gid.String(), Name: name, SourceVolumeIDs: slices.Clone(req.GetSourceVolumeIds()),

@@ -67,15 +67,16 @@ func (s *Server) listVolumes(ctx context.Context, req *csi.ListVolumesRequest) (
 	logger := klog.FromContext(ctx)
 	resp := &csi.ListVolumesResponse{NextToken: next}
 	for _, id := range ids {
-		p := s.pools[id.Pool]
 		entry := &csi.ListVolumesResponse_Entry{Volume: &csi.Volume{VolumeId: id.String()}, Status: &csi.ListVolumesResponse_VolumeStatus{}}
-		v, err := p.ReadVolume(id)
+		// A moved volume is listed once, by its ID, from its home's
+		// forwarding record; its record where it lives is a guest there.
+		q, v, err := s.locate(s.pools[id.Pool], id)
 		switch {
 		case err == nil:
-			entry.Volume = s.csiVolume(p, v)
+			entry.Volume = s.csiVolume(q, v)
 			entry.Status.PublishedNodeIds = nodesOf(v)
-		case errors.Is(err, pool.ErrNotFound):
-			continue // deleted while we listed
+		case errors.Is(err, pool.ErrNotFound), errors.Is(err, pool.ErrGuest):
+			continue // deleted while we listed, or a guest
 		default:
 			logger.V(2).Info("Listed a volume whose record cannot be read", "volumeID", id.String(), "err", err.Error())
 		}
@@ -93,12 +94,12 @@ func (s *Server) controllerGetVolume(ctx context.Context, req *csi.ControllerGet
 	if err != nil {
 		return nil, err
 	}
-	v, err := p.ReadVolume(id)
+	q, v, err := s.locate(p, id)
 	if err != nil {
 		return nil, err
 	}
 	return &csi.ControllerGetVolumeResponse{
-		Volume: s.csiVolume(p, v),
+		Volume: s.csiVolume(q, v),
 		Status: &csi.ControllerGetVolumeResponse_VolumeStatus{PublishedNodeIds: nodesOf(v)},
 	}, nil
 }
@@ -113,7 +114,7 @@ func (s *Server) controllerGetVolumeHealth(ctx context.Context, req *csi.Control
 	if err != nil {
 		return nil, err
 	}
-	h, err := health(p, id)
+	h, err := s.health(p, id)
 	if err != nil {
 		return nil, err
 	}
@@ -130,9 +131,9 @@ func (s *Server) controllerListVolumeHealth(ctx context.Context, req *csi.Contro
 	}
 	resp := &csi.ControllerListVolumeHealthResponse{NextToken: next}
 	for _, id := range ids {
-		h, err := health(s.pools[id.Pool], id)
-		if errors.Is(err, pool.ErrNotFound) {
-			continue // deleted while we listed
+		h, err := s.health(s.pools[id.Pool], id)
+		if errors.Is(err, pool.ErrNotFound) || errors.Is(err, pool.ErrGuest) {
+			continue // deleted while we listed, or a guest (listed from its home)
 		}
 		resp.Entries = append(resp.Entries, h)
 	}
@@ -153,15 +154,15 @@ const (
 // health checks what the controller can see of a volume: its record and its
 // image. An unknown volume is NOT_FOUND (with h nil); anything else that is
 // wrong is reported in h, never as an error.
-func health(p *pool.Pool, id pool.VolumeID) (*csi.VolumeHealth, error) {
+func (s *Server) health(home *pool.Pool, id pool.VolumeID) (*csi.VolumeHealth, error) {
 	h := &csi.VolumeHealth{VolumeId: id.String()}
 	bad := func(t csi.VolumeHealthErrorType, reason, msg string) (*csi.VolumeHealth, error) {
 		h.HealthStatuses = append(h.HealthStatuses, &csi.VolumeHealth_VolumeHealthEntry{Status: t, Reason: reason, Message: msg})
 		return h, nil
 	}
-	v, err := p.ReadVolume(id)
+	p, v, err := s.locate(home, id)
 	switch {
-	case errors.Is(err, pool.ErrNotFound):
+	case errors.Is(err, pool.ErrNotFound), errors.Is(err, pool.ErrGuest):
 		return nil, err
 	case errors.Is(err, pool.ErrCorrupt):
 		return bad(csi.VolumeHealthErrorType_INACCESSIBLE, reasonRecordCorrupt, err.Error())
@@ -180,6 +181,11 @@ func health(p *pool.Pool, id pool.VolumeID) (*csi.VolumeHealth, error) {
 		return bad(csi.VolumeHealthErrorType_DATA_LOSS, reasonImageTruncated, fmt.Sprintf(
 			"the image file %s holds %d bytes, the volume is %d: it was truncated outside loopvol and the data past %d bytes is gone; restore the volume from a snapshot",
 			p.ImagePath(id), size, v.SizeBytes, size))
+	}
+	if v.Move != nil {
+		return bad(csi.VolumeHealthErrorType_DEGRADED, reasonModifyPending, fmt.Sprintf(
+			"a move of the volume from pool %s to pool %s did not finish; the volume works from pool %s, and the move completes, or rolls back, when the ControllerModifyVolume is retried or the controller's sweep finds it",
+			v.Move.From, v.Move.To, p.Name))
 	}
 	if v.Modifying != nil {
 		// A ControllerModifyVolume died half-way: the image may be partly

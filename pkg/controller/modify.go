@@ -19,9 +19,8 @@ const (
 	// "false" (sparse, thin: blocks allocated as they are written, their
 	// promise still counted in the pool's capacity).
 	MutablePreallocate = "preallocate"
-	// MutablePool names the pool the volume is in. Only the volume's own
-	// pool is accepted: a move between pools is not implemented (see
-	// parseMutable).
+	// MutablePool names the pool the volume is to live in: another pool
+	// of its zone moves it there, keeping its ID (pool.MoveVolume).
 	MutablePool = ParameterPool
 )
 
@@ -91,15 +90,18 @@ func (s *Server) ControllerModifyVolume(ctx context.Context, req *csi.Controller
 
 // controllerModifyVolume: validate → lock → read → apply. Applying what the
 // volume already has answers success without a write, so a retry is
-// harmless; the record says what is applied (pool.SetLayout has the crash
-// order).
+// harmless; the record says what is applied (pool.SetLayout and
+// pool.MoveVolume have the crash orders). withVolume settles a move that a
+// crash interrupted before anything else, so a retry converges: the move
+// is rolled forward (the copy was durable) or back, then made again.
 //
-// pool: the volume's own pool is accepted (a class may name where its
-// volumes live); another pool is INVALID_ARGUMENT, infeasible: the
-// volume's ID names its pool, and the node service finds a staged volume's
-// image through it, so a move that keeps the ID needs a forwarding record
-// read by both services and a copy-then-switch protocol, which loopvol does
-// not have yet.
+// pool: another pool of the volume's zone moves the volume there, keeping
+// its ID: only while it is detached (FAILED_PRECONDITION naming the nodes
+// otherwise, which external-resizer retries), with a full copy of its data
+// (time proportional to what it holds). Another zone's pool is
+// INVALID_ARGUMENT: the volume's topology, and so the nodes that may use
+// it, would change under its PersistentVolume. A change of preallocate is
+// applied first, in the pool the volume is in; the copy keeps the layout.
 func (s *Server) controllerModifyVolume(ctx context.Context, req *csi.ControllerModifyVolumeRequest) (*csi.ControllerModifyVolumeResponse, error) {
 	if req.GetVolumeId() == "" {
 		return nil, invalid("volume_id is required")
@@ -108,21 +110,49 @@ func (s *Server) controllerModifyVolume(ctx context.Context, req *csi.Controller
 	if err != nil {
 		return nil, err
 	}
+	logger := klog.FromContext(ctx)
 	err = s.withVolume(req.GetVolumeId(), func(p *pool.Pool, v *pool.Volume) error {
-		if m.pool != "" && m.pool != p.Name {
-			return invalid("mutable parameter %q: volume %s is in pool %s; moving a volume to another pool (%s) is not implemented",
-				MutablePool, v.ID, p.Name, m.pool)
-		}
-		if m.thin == nil {
-			return nil
-		}
-		was := v.Thin
-		if err := p.SetLayout(v, *m.thin, req.GetMutableParameters()); err != nil {
+		id, err := pool.ParseVolumeID(v.ID)
+		if err != nil {
 			return err
 		}
-		if was != v.Thin {
-			klog.FromContext(ctx).V(2).Info("Modified volume", "volumeID", v.ID, "thin", v.Thin)
+		home := s.pools[id.Pool]
+		var to *pool.Pool
+		if m.pool != "" && m.pool != p.Name {
+			to = s.pools[m.pool]
+			if to.Zone != home.Zone {
+				return invalid("mutable parameter %q: volume %s is in zone %s, pool %s in zone %s; a volume moves only within its zone",
+					MutablePool, v.ID, home.Zone, to.Name, to.Zone)
+			}
+			if len(v.Attachments) > 0 {
+				return kindf(errPrecondition, "mutable parameter %q: volume %s is published to %s; it moves to pool %s only once it is unpublished from every node",
+					MutablePool, v.ID, strings.Join(nodesOf(v), ", "), to.Name)
+			}
 		}
+		if m.thin != nil {
+			was := v.Thin
+			if err := p.SetLayout(v, *m.thin, req.GetMutableParameters()); err != nil {
+				return err
+			}
+			if was != v.Thin {
+				logger.V(2).Info("Modified volume", "volumeID", v.ID, "thin", v.Thin)
+			}
+		}
+		if to == nil {
+			return nil
+		}
+		last := int64(-1)
+		progress := func(done, total int64) {
+			if pct := done * 10 / max(total, 1); pct != last {
+				last = pct
+				logger.V(4).Info("Copying volume to its new pool", "volumeID", v.ID, "pool", to.Name, "doneBytes", done, "totalBytes", total)
+			}
+		}
+		logger.V(2).Info("Moving volume", "volumeID", v.ID, "from", p.Name, "to", to.Name, "sizeBytes", v.SizeBytes)
+		if _, err := home.MoveVolume(id, to, s.peer, pool.MoveOptions{Progress: progress, AfterStep: s.afterMoveStep}); err != nil {
+			return err
+		}
+		logger.V(2).Info("Moved volume", "volumeID", v.ID, "from", p.Name, "to", to.Name)
 		return nil
 	})
 	if err != nil {

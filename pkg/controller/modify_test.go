@@ -31,11 +31,15 @@ func withMutable(req *csi.CreateVolumeRequest, params map[string]string) *csi.Cr
 }
 
 func TestMutableParametersAreStrict(t *testing.T) {
-	f := newFixture(t, map[string]string{"fast": "z1", "slow": "z1"})
+	f := newFixture(t, map[string]string{"fast": "z1", "slow": "z1", "far": "z2"})
 	c := ctx(t)
 	vol, err := f.s.CreateVolume(c, createReq("pvc-strict", 16*mib))
 	if err != nil {
 		t.Fatal(err)
+	}
+	elsewhere := "far" // a pool of another zone than the volume's
+	if poolOf(t, vol.Volume.VolumeId) == "far" {
+		elsewhere = "fast"
 	}
 	tests := []struct {
 		name   string
@@ -48,7 +52,8 @@ func TestMutableParametersAreStrict(t *testing.T) {
 		{name: "key in another case → INVALID_ARGUMENT", params: map[string]string{"Preallocate": "true"}, code: codes.InvalidArgument, message: []string{`"Preallocate"`}},
 		{name: "bad preallocate value → INVALID_ARGUMENT", params: map[string]string{"preallocate": "yes"}, code: codes.InvalidArgument, message: []string{`"preallocate"`, `"yes"`}},
 		{name: "unknown pool → INVALID_ARGUMENT", params: map[string]string{"pool": "nvme"}, code: codes.InvalidArgument, message: []string{`no pool "nvme"`}},
-		{name: "another pool → INVALID_ARGUMENT, not implemented", params: map[string]string{"pool": "slow"}, code: codes.InvalidArgument, message: []string{"not implemented"}},
+		{name: "a pool of another zone → INVALID_ARGUMENT", params: map[string]string{"pool": elsewhere}, code: codes.InvalidArgument, message: []string{"moves only within its zone"}},
+		{name: "another zone's pool with preallocate → INVALID_ARGUMENT, nothing changed", params: map[string]string{"pool": elsewhere, "preallocate": "false"}, code: codes.InvalidArgument, message: []string{"moves only within its zone"}},
 		{name: "io limit → INVALID_ARGUMENT with the reason", params: map[string]string{"ioLimitMiBps": "100"}, code: codes.InvalidArgument, message: []string{`"ioLimitMiBps"`, "cannot enforce"}},
 		{name: "a bad key among good ones changes nothing", params: map[string]string{"preallocate": "false", "zzz": "1"}, code: codes.InvalidArgument, message: []string{`"zzz"`}},
 		{name: "its own pool → OK", params: map[string]string{"pool": poolOf(t, vol.Volume.VolumeId)}, code: codes.OK},

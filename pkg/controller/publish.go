@@ -172,8 +172,8 @@ func (s *Server) controllerUnpublishVolume(ctx context.Context, req *csi.Control
 		return nil, err
 	}
 	defer unlock()
-	v, err := p.ReadVolume(id)
-	if errors.Is(err, pool.ErrNotFound) {
+	q, v, err := s.settle(p, id)
+	if errors.Is(err, pool.ErrNotFound) || errors.Is(err, pool.ErrGuest) {
 		return &csi.ControllerUnpublishVolumeResponse{}, nil
 	}
 	if err != nil {
@@ -186,7 +186,7 @@ func (s *Server) controllerUnpublishVolume(ctx context.Context, req *csi.Control
 		return &csi.ControllerUnpublishVolumeResponse{}, nil
 	}
 	v.Attachments = kept
-	if err := p.WriteVolume(v); err != nil {
+	if err := q.WriteVolume(v); err != nil {
 		return nil, err
 	}
 	klog.FromContext(ctx).V(2).Info("Detached volume", "node", req.GetNodeId())
@@ -205,7 +205,7 @@ func (s *Server) validateVolumeCapabilities(ctx context.Context, req *csi.Valida
 	if err != nil {
 		return nil, err
 	}
-	v, err := p.ReadVolume(id)
+	_, v, err := s.locate(p, id)
 	if err != nil {
 		return nil, err
 	}

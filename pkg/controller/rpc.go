@@ -23,7 +23,9 @@ import (
 //     snapshot lock (pool.LockSnapshot) of the snapshot being made,
 //     deleted or restored from (of each member of a group, in ID order);
 //  3. the volume lock (pool.Lock) of each volume in pool-name order, a
-//     source before the volume being made;
+//     source before the volume being made; a volume's lock is its home
+//     pool's, wherever it lives; a move then takes the volume's lock
+//     files in the pools it moves from and to (pool.MoveVolume);
 //  4. the node lock (pool.LockNode) of each pool in pool-name order;
 //  5. the pool lock around a capacity decision (inside pkg/pool).
 
@@ -35,9 +37,9 @@ func answer[R any](r *R, err error) (*R, error) {
 }
 
 // withVolume is the opening that the volume RPCs share: the volume ID is
-// required, unknown IDs are NOT_FOUND, the volume's lock is tried (ABORTED
-// when held) and its record read under it; then act runs with the lock
-// held.
+// required, unknown IDs are NOT_FOUND, the volume's lock (in its home pool)
+// is tried (ABORTED when held) and its record read under it, in the pool it
+// lives in (settle); then act runs with the lock held, given that pool.
 func (s *Server) withVolume(volumeID string, act func(p *pool.Pool, v *pool.Volume) error) error {
 	if volumeID == "" {
 		return invalid("volume_id is required")
@@ -51,11 +53,11 @@ func (s *Server) withVolume(volumeID string, act func(p *pool.Pool, v *pool.Volu
 		return err
 	}
 	defer unlock()
-	v, err := p.ReadVolume(id)
+	q, v, err := s.settle(p, id)
 	if err != nil {
 		return err
 	}
-	return act(p, v)
+	return act(q, v)
 }
 
 // CreateVolume makes a volume, empty or from a snapshot or another volume.

@@ -62,10 +62,14 @@ func (s *Server) createSnapshot(ctx context.Context, req *csi.CreateSnapshotRequ
 	if err := validateParameters(req.GetParameters()); err != nil {
 		return nil, err
 	}
-	p, srcID, err := s.lookup(req.GetSourceVolumeId())
+	home, srcID, err := s.lookup(req.GetSourceVolumeId())
 	if err != nil {
 		return nil, err
 	}
+	// A snapshot is taken in the pool its volume lives in (its image is
+	// there, and a reflink needs that); snapshots taken before a move stay
+	// where they were taken.
+	p := home.Resident(srcID, s.peer)
 	if !reachable(req.GetAccessibilityRequirements(), p) {
 		return nil, kindf(errNoSpace, "volume %s lives in zone %s, outside the accessibility requirements of the snapshot: its snapshot can only be there", srcID, p.Zone)
 	}
@@ -82,11 +86,25 @@ func (s *Server) createSnapshot(ctx context.Context, req *csi.CreateSnapshotRequ
 	q, found, err := s.findSnapshotByName(req.GetName())
 	if err != nil {
 		return nil, err
-	} else if found != nil && (q != p || found.SourceVolumeID != srcID.String()) {
+	} else if found != nil && found.SourceVolumeID != srcID.String() {
 		return nil, kindf(errExists, "snapshot %q exists as %s, of volume %s", req.GetName(), found.ID, found.SourceVolumeID)
+	} else if found != nil && found.ReadyToUse && q != p {
+		// Taken before its volume moved: it stays in its pool.
+		return &csi.CreateSnapshotResponse{Snapshot: csiSnapshot(q, found)}, nil
+	} else if found != nil && q != p {
+		// Half-made before the volume moved: made again where the
+		// volume is now (its snapshot lock is held in every pool).
+		sid, _ := pool.ParseSnapshotID(found.ID)
+		if err := q.DeleteSnapshot(sid); err != nil {
+			return nil, err
+		}
+		found = nil
 	}
 	var snap *pool.Snapshot
-	err = s.withVolume(srcID.String(), func(p *pool.Pool, v *pool.Volume) error {
+	err = s.withVolume(srcID.String(), func(q *pool.Pool, v *pool.Volume) error {
+		if q != p {
+			return kindf(errBusy, "volume %s moved to pool %s while the snapshot was being prepared; retry", srcID, q.Name)
+		}
 		logger := klog.FromContext(ctx)
 		last := int64(-1)
 		progress := func(done, total int64) {

@@ -75,11 +75,14 @@ func (s *Server) lockSource(req *csi.CreateVolumeRequest, shape volumeShape) (*s
 		if unlock, err = p.Lock(vid); err != nil {
 			return nil, err
 		}
-		v, err := p.ReadVolume(vid)
+		// A clone is made where its source lives (a reflink needs
+		// that), also when the source was moved out of its home pool.
+		q, v, err := s.settle(p, vid)
 		if err != nil {
 			unlock()
 			return nil, err
 		}
+		p = q
 		id, size, accessType, fsType = v.ID, v.SizeBytes, v.AccessType, v.FsType
 	default:
 		return nil, invalid("volume_content_source names neither a snapshot nor a volume")

@@ -62,6 +62,15 @@ func (s *Server) Sweep(ctx context.Context) {
 		for _, id := range r.UnfinishedGroups {
 			logger.Info("Removed a group snapshot whose CreateVolumeGroupSnapshot died before it was whole and was not retried", "pool", p.Name, "groupSnapshotID", id.String())
 		}
+		// Moves that a killed process left and nobody retried: finished
+		// if the copy was durable, else rolled back (pool.SweepMoves).
+		m := p.SweepMoves(time.Now(), s.orphanGrace, s.peer)
+		for _, err := range m.Errors {
+			logger.Error(err, "Settling an interrupted move failed", "pool", p.Name)
+		}
+		for _, id := range m.Finished {
+			logger.Info("Settled a move of a volume that a killed process left half-done", "volumeID", id.String())
+		}
 	}
 }
 

@@ -42,7 +42,7 @@ type addFunc func(status csi.VolumeHealthErrorType, reason, format string, args 
 // eio says that a path of the volume could not even be looked at (EIO):
 // its filesystem shut down.
 func (n *node) deepHealth(a healthArgs, v *pool.Volume, dev string, found, eio bool, add addFunc) {
-	p := n.pools[a.id.Pool]
+	p := n.residence(a.id)
 	image := p.ImagePath(a.id)
 	var st unix.Stat_t
 	imageErr := unix.Stat(image, &st)

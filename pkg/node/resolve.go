@@ -20,15 +20,21 @@ type node struct {
 	pools       map[string]*pool.Pool
 }
 
-// volume reads the record of a volume. A missing record is NOT_FOUND.
+// volume reads the record of a volume, in the pool it lives in (see
+// residence). A missing record is NOT_FOUND.
 func (n *node) volume(id pool.VolumeID) (*pool.Pool, *pool.Volume, error) {
-	p := n.pools[id.Pool]
-	v, err := p.ReadVolume(id)
-	if err != nil {
-		return nil, nil, err
-	}
-	return p, v, nil
+	return n.pools[id.Pool].Locate(id, n.peer)
 }
+
+// residence returns the pool that holds a volume's image and record: the
+// pool its ID names, or the one that pool's forwarding record names once
+// the controller moved it (pool.Locate: one hop, strictly checked). When it
+// cannot tell, it returns the ID's pool, whose reads then say what is wrong.
+func (n *node) residence(id pool.VolumeID) *pool.Pool {
+	return n.pools[id.Pool].Resident(id, n.peer)
+}
+
+func (n *node) peer(name string) *pool.Pool { return n.pools[name] }
 
 // attachedVolume reads the record of a volume and checks that it is attached
 // to this node: this is the fence that keeps a single-node volume of a shared
@@ -75,7 +81,7 @@ func checkAccessType(v *pool.Volume, c capability) error {
 
 // findDevice returns the loop device of a volume's image, if it has one.
 func (n *node) findDevice(id pool.VolumeID) (string, bool, error) {
-	dev, ok, err := n.Loop.Find(n.pools[id.Pool].ImagePath(id))
+	dev, ok, err := n.Loop.Find(n.residence(id).ImagePath(id))
 	if err != nil {
 		return "", false, fmt.Errorf("find loop device of volume %s: %w", id, err)
 	}

@@ -164,7 +164,7 @@ func (n *node) ensureDevice(ctx context.Context, id pool.VolumeID, readOnly bool
 	// shared pool anyone who can write the directory could have put a
 	// symlink to a host device or file there. The loop device is bound to
 	// that descriptor, never to the path again.
-	p := n.pools[id.Pool]
+	p := n.residence(id)
 	image := p.ImagePath(id)
 	mode := os.O_RDWR
 	if readOnly {

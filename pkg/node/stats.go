@@ -19,7 +19,7 @@ import (
 // volume's device, else there is no volume there (NOT_FOUND). A damaged
 // record does not stop the report; NodeGetVolumeHealth says what is wrong.
 func (n *node) stats(_ context.Context, a statsArgs) (*csi.NodeGetVolumeStatsResponse, error) {
-	v, err := n.pools[a.id.Pool].ReadVolume(a.id)
+	v, err := n.residence(a.id).ReadVolume(a.id)
 	if errors.Is(err, pool.ErrNotFound) {
 		return nil, err
 	}
@@ -93,7 +93,7 @@ const (
 // with the volume's record, image, loop device and the given paths. A
 // volume of which nothing at all is left is NOT_FOUND.
 func (n *node) health(_ context.Context, a healthArgs) (*csi.NodeGetVolumeHealthResponse, error) {
-	p := n.pools[a.id.Pool]
+	p := n.residence(a.id)
 	var entries []*csi.VolumeHealth_VolumeHealthEntry
 	add := func(status csi.VolumeHealthErrorType, reason, format string, args ...any) {
 		entries = append(entries, &csi.VolumeHealth_VolumeHealthEntry{Status: status, Reason: reason, Message: fmt.Sprintf(format, args...)})

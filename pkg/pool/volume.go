@@ -422,7 +422,9 @@ func (p *Pool) ListVolumeIDs() ([]VolumeID, error) {
 	return ids, nil
 }
 
-// CountAttachments returns how many volumes of the pool are attached to node.
+// CountAttachments returns how many volumes living in the pool are attached
+// to node: the full records here, also of volumes moved here from another
+// pool (which keep that pool's ID); forwarding records hold no attachments.
 // Records that cannot be read are skipped: they cannot be attached anywhere.
 func (p *Pool) CountAttachments(node string) (int, error) {
 	ids, err := p.ListVolumeIDs()
@@ -431,8 +433,11 @@ func (p *Pool) CountAttachments(node string) (int, error) {
 	}
 	n := 0
 	for _, id := range ids {
-		v, err := p.ReadVolume(id)
-		if err != nil {
+		var v Volume
+		if err := p.vols.readRecord(recordName(id), &v, MaxRecordBytes); err != nil || v.MovedTo != "" {
+			continue
+		}
+		if other, err := ParseVolumeID(v.ID); err != nil || other.Hash != id.Hash {
 			continue
 		}
 		if _, ok := v.AttachedTo(node); ok {
