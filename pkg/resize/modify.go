@@ -1,0 +1,302 @@
+package resize
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	storagelisters "k8s.io/client-go/listers/storage/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
+
+	"github.com/loopvol/loopvol/internal/kube"
+	"github.com/loopvol/loopvol/pkg/csiclient"
+)
+
+// The modify controller lives beside the resize controller because
+// upstream's external-resizer is one binary with both, under one Lease and
+// one Event source, and because they share what they know about claims: the
+// claim and volume caches, the bookkeeping of the controller's own writes
+// (claimState), node affinity for --node-deployment and the names.
+
+// ModifyCSI is the part of a driver connection the modify controller uses;
+// *csiclient.Client implements it.
+type ModifyCSI interface {
+	// WaitReady blocks until the driver is connected and ready, or ctx ends.
+	WaitReady(ctx context.Context) error
+	// Capabilities returns the driver's current capabilities.
+	Capabilities() csiclient.Capabilities
+	// ControllerModifyVolume applies mutable parameters to a volume. Errors
+	// keep their gRPC status. Asked only of drivers with MODIFY_VOLUME.
+	ControllerModifyVolume(ctx context.Context, req *csi.ControllerModifyVolumeRequest) (*csi.ControllerModifyVolumeResponse, error)
+}
+
+// ModifyConfig is what NewModifyController needs.
+type ModifyConfig struct {
+	// DriverName is the CSI driver's name: only claims bound to
+	// PersistentVolumes of this driver, and VolumeAttributesClasses whose
+	// driverName is this one, are acted on.
+	DriverName string
+	// Client talks to the Kubernetes API.
+	Client KubeClient
+	// CSI is the driver connection.
+	CSI ModifyCSI
+	// Informers are the process's shared informers; the caller starts them.
+	// The controller reads PersistentVolumeClaims, PersistentVolumes and
+	// VolumeAttributesClasses.
+	Informers *kube.Informers
+	// Recorder records the Events on claims. Optional: when nil, the
+	// controller records through its own broadcaster while Run runs.
+	Recorder record.EventRecorder
+	// Workers is the number of claims modified at once.
+	Workers int
+	// Resync is how often every claim is looked at again; zero: only the
+	// informers' own resync.
+	Resync time.Duration
+	// RetryIntervalStart and RetryIntervalMax bound the per-claim
+	// exponential backoff. RetryIntervalMax is also how long an infeasible
+	// modification waits before the driver is asked again with the same
+	// class (upstream's slow set).
+	RetryIntervalStart time.Duration
+	RetryIntervalMax   time.Duration
+	// ExtraModifyMetadata adds the claim's name and namespace and the
+	// volume's name to the mutable parameters (--extra-modify-metadata).
+	ExtraModifyMetadata bool
+	// ProbeAPI: before acting, check that the API server serves
+	// VolumeAttributesClasses (storage.k8s.io/v1), and stay idle if it does
+	// not. Upstream does so when the VolumeAttributesClass feature gate is
+	// not set explicitly.
+	ProbeAPI bool
+	// Registerer receives the controller's metrics. Optional.
+	Registerer prometheus.Registerer
+	// NodeName, when set, limits the controller to the volumes whose node
+	// affinity admits that node (--node-deployment).
+	NodeName string
+}
+
+// Validate reports the first field of c that cannot work.
+func (c ModifyConfig) Validate() error {
+	switch {
+	case c.DriverName == "":
+		return errors.New("the driver name is empty")
+	case c.Client == nil:
+		return errors.New("no Kubernetes client")
+	case c.CSI == nil:
+		return errors.New("no CSI driver connection")
+	case c.Informers == nil:
+		return errors.New("no shared informers")
+	case c.Workers < 1:
+		return fmt.Errorf("workers must be at least 1, not %d", c.Workers)
+	case c.Resync < 0:
+		return fmt.Errorf("the resync period must not be negative, not %s", c.Resync)
+	}
+	return kube.ValidateBackoff(c.RetryIntervalStart, c.RetryIntervalMax)
+}
+
+// ModifyController is the VolumeAttributesClass modify controller: a
+// drop-in for the upstream external-resizer's (pkg/modifycontroller).
+//
+// For every bound claim of the driver whose spec.volumeAttributesClassName
+// differs from status.currentVolumeAttributesClassName (or that has a
+// modifyVolumeStatus), it reads the class and:
+//
+//   - the class does not exist: status.modifyVolumeStatus Pending, Event
+//     VolumeModifyFailed; the class's creation queues the claim again;
+//   - else it records InProgress with the class as the target (condition
+//     ModifyingVolume, Event VolumeModify) before it calls
+//     ControllerModifyVolume with the class's parameters as
+//     mutable_parameters;
+//   - success: the PersistentVolume's spec.volumeAttributesClassName, then
+//     the claim's status.currentVolumeAttributesClassName are the class,
+//     modifyVolumeStatus and the modify conditions go; Event
+//     VolumeModifySuccessful;
+//   - INVALID_ARGUMENT: Infeasible, condition ModifyVolumeError with the
+//     driver's code and message, Event VolumeModifyFailed; the driver is
+//     asked again with the same class only after RetryIntervalMax (or at
+//     once when the claim's class changes);
+//   - any other final error (FAILED_PRECONDITION, OUT_OF_RANGE, ...): still
+//     InProgress with ModifyVolumeError, retried with backoff; the claim may
+//     change its class meanwhile;
+//   - an error whose outcome is uncertain (a timeout, ABORTED, ...): the
+//     same, but the controller keeps the target until the driver answers
+//     for certain, whatever the claim's class says meanwhile (the driver
+//     may still be applying it). After a restart, every claim found
+//     InProgress counts as uncertain.
+//
+// A claim whose class was set back to none before anything was applied is
+// "rolled back": the ModifyingVolume condition goes, Event
+// VolumeModifyCanceled.
+type ModifyController struct {
+	cfg      ModifyConfig
+	client   KubeClient
+	csi      ModifyCSI
+	recorder record.EventRecorder
+	clock    clock.PassiveClock
+
+	pvcInformer cache.SharedIndexInformer
+	pvInformer  cache.SharedIndexInformer
+	vacInformer cache.SharedIndexInformer
+	pvcLister   corelisters.PersistentVolumeClaimLister
+	pvLister    corelisters.PersistentVolumeLister
+	vacLister   storagelisters.VolumeAttributesClassLister
+
+	queue   *kube.Queue[string]
+	api     *kube.APIHealth
+	state   *claimState
+	mods    *modifyState
+	metrics *modifyMetrics
+}
+
+// NewModifyController builds a modify controller over the shared
+// informers. Like New, it adds no event handlers: Run does.
+func NewModifyController(cfg ModifyConfig) (*ModifyController, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("modify controller: %w", err)
+	}
+	m, err := newModifyMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, fmt.Errorf("modify controller metrics: %w", err)
+	}
+	c := &ModifyController{
+		cfg:      cfg,
+		client:   cfg.Client,
+		csi:      cfg.CSI,
+		recorder: cfg.Recorder,
+		clock:    clock.RealClock{},
+		queue:    kube.NewQueue[string](ModifyQueueName(cfg.DriverName), cfg.RetryIntervalStart, cfg.RetryIntervalMax),
+		api:      cfg.Informers.APIHealth(),
+		state:    newClaimState(),
+		mods:     newModifyState(),
+		metrics:  m,
+	}
+	c.pvcInformer = cfg.Informers.PersistentVolumeClaims()
+	c.pvInformer = cfg.Informers.PersistentVolumes(kube.PVResize)
+	c.vacInformer = cfg.Informers.VolumeAttributesClasses()
+	c.pvcLister = corelisters.NewPersistentVolumeClaimLister(c.pvcInformer.GetIndexer())
+	c.pvLister = corelisters.NewPersistentVolumeLister(c.pvInformer.GetIndexer())
+	c.vacLister = storagelisters.NewVolumeAttributesClassLister(c.vacInformer.GetIndexer())
+	return c, nil
+}
+
+// Run adds the event handlers, waits for the caches, runs the workers until
+// ctx ends, then waits for them to finish their current claim. It returns
+// nil when ctx ends (or at once when ProbeAPI finds no
+// VolumeAttributesClass API), and an error only when it could not start.
+func (c *ModifyController) Run(ctx context.Context) error {
+	logger := klog.FromContext(ctx)
+	defer c.queue.ShutDown()
+	if c.cfg.ProbeAPI && !c.apiServed(ctx) {
+		return nil
+	}
+	if c.recorder == nil {
+		events := record.NewBroadcaster(record.WithContext(ctx))
+		events.StartStructuredLogging(3)
+		events.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: c.client.CoreV1().Events("")})
+		defer events.Shutdown()
+		c.recorder = events.NewRecorder(scheme.Scheme, corev1.EventSource{Component: EventComponent(c.cfg.DriverName)})
+	}
+	handlers, err := c.addEventHandlers(logger)
+	if err != nil {
+		return fmt.Errorf("modify controller: event handlers: %w", err)
+	}
+	defer handlers.Remove(logger)
+
+	logger.Info("Starting the modify controller", "driver", c.cfg.DriverName, "workers", c.cfg.Workers,
+		"queue", c.queue.Name, "extraModifyMetadata", c.cfg.ExtraModifyMetadata)
+	synced := append([]cache.InformerSynced{c.pvcInformer.HasSynced, c.pvInformer.HasSynced, c.vacInformer.HasSynced}, handlers.Synced()...)
+	if !cache.WaitForNamedCacheSyncWithContext(ctx, synced...) {
+		return nil // ctx ended
+	}
+	c.initUncertain(logger)
+	var wg sync.WaitGroup
+	for range c.cfg.Workers {
+		wg.Go(func() { wait.UntilWithContext(ctx, c.worker, time.Second) })
+	}
+	logger.Info("Modify controller started")
+	<-ctx.Done()
+	logger.Info("Stopping the modify controller")
+	c.queue.ShutDown()
+	wg.Wait()
+	logger.Info("Modify controller stopped")
+	return nil
+}
+
+// apiServed tells whether the API server serves VolumeAttributesClasses.
+// Only a NotFound says no: any other failure leaves the controller on, as
+// upstream's discovery probe does, since the informer then waits for the
+// API server anyway.
+func (c *ModifyController) apiServed(ctx context.Context) bool {
+	logger := klog.FromContext(ctx)
+	_, err := c.client.StorageV1().VolumeAttributesClasses().List(ctx, metav1.ListOptions{Limit: 1})
+	switch {
+	case err == nil:
+		return true
+	case apierrors.IsNotFound(err):
+		logger.Info("The API server does not serve VolumeAttributesClasses (storage.k8s.io/v1): the modify controller stays off; --feature-gates=VolumeAttributesClass=false says so without the probe")
+		return false
+	}
+	logger.Error(err, "Could not check whether the API server serves VolumeAttributesClasses; starting the modify controller anyway")
+	return true
+}
+
+// initUncertain marks every claim whose modification is InProgress as
+// uncertain: a previous run may have called the driver without seeing the
+// answer, so its target is kept until the driver answers for certain.
+func (c *ModifyController) initUncertain(logger klog.Logger) {
+	claims, err := c.pvcLister.List(labels.Everything())
+	if err != nil {
+		logger.Error(err, "Listing the cached claims for modifications in progress failed")
+		return
+	}
+	for _, pvc := range claims {
+		if s := pvc.Status.ModifyVolumeStatus; s != nil && s.Status == corev1.PersistentVolumeClaimModifyVolumeInProgress {
+			c.mods.setUncertain(claimKey(pvc), true)
+		}
+	}
+}
+
+func (c *ModifyController) worker(ctx context.Context) {
+	for c.processNext(ctx) {
+	}
+}
+
+// processNext takes one claim off the queue and syncs it, once the driver
+// and the API server are there. It is the only caller of Done and, through
+// Queue.Handle, of Forget and the re-adds.
+func (c *ModifyController) processNext(ctx context.Context) bool {
+	return c.queue.ProcessNext(ctx, c.api.Gate(c.csi.WaitReady), kube.Observing(c.api, c.trackedSync), isFinal)
+}
+
+// trackedSync syncs key; an update event that arrived during the sync and
+// was not the sync's own write queues it once more.
+func (c *ModifyController) trackedSync(ctx context.Context, key string) error {
+	c.state.begin(key)
+	err := c.sync(ctx, key)
+	if c.state.end(key) {
+		c.queue.Q.Add(key)
+	}
+	return err
+}
+
+// syncOne syncs key and ends the sync as a worker does.
+func (c *ModifyController) syncOne(ctx context.Context, key string) error {
+	err := c.trackedSync(ctx, key)
+	c.queue.Handle(ctx, key, err, err != nil && isFinal(err))
+	return err
+}
+
+var _ ModifyCSI = (*csiclient.Client)(nil)

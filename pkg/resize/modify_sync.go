@@ -1,0 +1,317 @@
+package resize
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/ptr"
+
+	"github.com/loopvol/loopvol/internal/kube"
+	"github.com/loopvol/loopvol/pkg/csiclient"
+)
+
+// sync brings one claim's volume to the VolumeAttributesClass the claim
+// asks for. It returns nil when there is nothing to do: the claim is gone,
+// not bound, not this driver's, or has its class.
+func (c *ModifyController) sync(ctx context.Context, key string) error {
+	ns, name, err := cache.SplitMetaNamespaceKey(key)
+	if err != nil {
+		return permanent(fmt.Errorf("bad claim key %q: %w", key, err))
+	}
+	pvc, err := c.pvcLister.PersistentVolumeClaims(ns).Get(name)
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if pvc.Spec.VolumeName == "" {
+		return nil
+	}
+	if c.state.stale(key, pvc.ResourceVersion) {
+		// The cache has not seen the controller's last write yet, or a
+		// write conflicted: decide on the live object.
+		pvc, err = c.client.CoreV1().PersistentVolumeClaims(ns).Get(ctx, name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("read PersistentVolumeClaim %s: %w", key, err)
+		}
+	}
+	if pvc.Status.Phase != corev1.ClaimBound {
+		return nil
+	}
+	pv, err := liveVolume(ctx, c.pvLister, c.client, c.state, pvc.Spec.VolumeName)
+	if err != nil || pv == nil || pv.Spec.CSI == nil || pv.Spec.CSI.Driver != c.cfg.DriverName {
+		return err
+	}
+	if ref := pv.Spec.ClaimRef; ref == nil || ref.Namespace != pvc.Namespace || ref.Name != pvc.Name || ref.UID != pvc.UID {
+		return nil // the volume is not (or no longer) this claim's
+	}
+	logger := klog.LoggerWithValues(klog.FromContext(ctx), "persistentVolumeClaim", klog.KObj(pvc), "persistentVolume", klog.KObj(pv))
+	ctx = klog.NewContext(ctx, logger)
+
+	want := ptr.Deref(pvc.Spec.VolumeAttributesClassName, "")
+	current := ptr.Deref(pvc.Status.CurrentVolumeAttributesClassName, "")
+	st := pvc.Status.ModifyVolumeStatus
+	if st == nil && want == current {
+		logger.V(5).Info("Claim has its VolumeAttributesClass")
+		return nil
+	}
+	if mine, err := volumeOnNode(ctx, c.client, c.cfg.NodeName, pv); err != nil || !mine {
+		return err
+	}
+	// The same infeasible class is not tried again before
+	// RetryIntervalMax; a new class is tried at once.
+	if left, ok := c.mods.recentlyInfeasible(key, pvc, c.clock.Now(), c.cfg.RetryIntervalMax); ok {
+		return permanent(fmt.Errorf("modifying to VolumeAttributesClass %s was infeasible; the driver is asked again in %s, or at once when the claim's class changes",
+			st.TargetVolumeAttributesClassName, left.Round(time.Second)))
+	}
+	inProgress := st != nil && st.Status == corev1.PersistentVolumeClaimModifyVolumeInProgress
+	if want == "" && !inProgress {
+		// The user took the class back before it was applied (the API
+		// server allows that only while no class was ever applied).
+		return c.rolledBack(ctx, pvc)
+	}
+	if !c.csi.Capabilities().ModifyVolume {
+		return permanent(fmt.Errorf("driver %s does not offer MODIFY_VOLUME (ControllerModifyVolume)", c.cfg.DriverName))
+	}
+	if (inProgress && c.mods.uncertain(key)) || want == "" {
+		// The driver may still be applying the recorded target: finish it
+		// before anything else, whatever the claim asks for now.
+		vac, err := c.class(pvc, st.TargetVolumeAttributesClassName)
+		if err != nil {
+			return err
+		}
+		logger.V(4).Info("Continuing a modification whose outcome is not known", "volumeAttributesClass", vac.Name)
+		return c.modifyTo(ctx, key, pvc, pv, vac)
+	}
+	vac, err := c.class(pvc, want)
+	if apierrors.IsNotFound(err) {
+		if _, err := c.patchClaim(ctx, pvc, false, func(p *corev1.PersistentVolumeClaim) { markModifyPending(p, want) }); err != nil {
+			return fmt.Errorf("mark the modification of PersistentVolumeClaim %s as pending: %w", key, err)
+		}
+		logger.V(2).Info("VolumeAttributesClass does not exist; the modification is pending", "volumeAttributesClass", want)
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if err := kube.StillLeading(ctx); err != nil {
+		return err
+	}
+	pvc, err = c.patchClaim(ctx, pvc, false, func(p *corev1.PersistentVolumeClaim) {
+		markModifyStatus(p, corev1.PersistentVolumeClaimModifyVolumeInProgress, vac.Name, nil, c.clock.Now())
+	})
+	if err != nil {
+		return fmt.Errorf("mark PersistentVolumeClaim %s as modifying: %w", key, err)
+	}
+	c.recorder.Event(pvc, corev1.EventTypeNormal, ReasonModify, fmt.Sprintf("external resizer is modifying volume %s with vac %s", pvc.Name, vac.Name))
+	return c.modifyTo(ctx, key, pvc, pv, vac)
+}
+
+// class returns the VolumeAttributesClass name from the cache. One that
+// does not exist is recorded as a VolumeModifyFailed Event, and its
+// NotFound returned.
+func (c *ModifyController) class(pvc *corev1.PersistentVolumeClaim, name string) (*storagev1.VolumeAttributesClass, error) {
+	vac, err := c.vacLister.Get(name)
+	if apierrors.IsNotFound(err) {
+		c.recorder.Eventf(pvc, corev1.EventTypeWarning, ReasonModifyFailed, "VAC %q does not exist.", name)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("get VolumeAttributesClass %s: %w", name, err)
+	}
+	return vac, nil
+}
+
+// modifyTo calls ControllerModifyVolume with vac's parameters and records
+// the outcome: on success the volume's and then the claim's class (the
+// volume first: a crash between the two leaves a claim still in progress,
+// whose retry is a no-op in the driver); on failure the claim's
+// modification status and conditions.
+func (c *ModifyController) modifyTo(ctx context.Context, key string, pvc *corev1.PersistentVolumeClaim, pv *corev1.PersistentVolume, vac *storagev1.VolumeAttributesClass) error {
+	logger := klog.FromContext(ctx)
+	if vac.DriverName != c.cfg.DriverName {
+		// Upstream would pass another driver's parameters on; they mean
+		// nothing to this one.
+		err := status.Errorf(codes.InvalidArgument, "VolumeAttributesClass %s is of driver %s, not %s", vac.Name, vac.DriverName, c.cfg.DriverName)
+		return c.modifyFailed(ctx, key, pvc, vac, err)
+	}
+	params := vac.Parameters
+	if c.cfg.ExtraModifyMetadata {
+		params = maps.Clone(params)
+		if params == nil {
+			params = map[string]string{}
+		}
+		params[ParameterPVCName], params[ParameterPVCNamespace], params[ParameterPVName] = pvc.Name, pvc.Namespace, pv.Name
+	}
+	src := pv.Spec.CSI
+	if src.VolumeHandle == "" {
+		return permanent(errors.New("the PersistentVolume's CSI source has an empty volumeHandle"))
+	}
+	secrets, err := c.modifySecrets(ctx, pv)
+	if err != nil {
+		return err
+	}
+	// A replica that may have lost its Lease leaves the driver alone.
+	if err := kube.StillLeading(ctx); err != nil {
+		return err
+	}
+	logger.V(4).Info("Modifying volume", "volumeID", src.VolumeHandle, "volumeAttributesClass", vac.Name)
+	_, err = c.csi.ControllerModifyVolume(ctx, &csi.ControllerModifyVolumeRequest{
+		VolumeId:          src.VolumeHandle,
+		Secrets:           secrets,
+		MutableParameters: params,
+	})
+	if err != nil {
+		return c.modifyFailed(ctx, key, pvc, vac, err)
+	}
+	c.mods.setUncertain(key, false)
+	c.mods.clearInfeasible(key)
+	if err := c.patchVolume(ctx, pv, volumeClassPatch(pv, vac.Name)); err != nil {
+		return fmt.Errorf("set the VolumeAttributesClass of PersistentVolume %s to %s: %w", pv.Name, vac.Name, err)
+	}
+	if _, err := c.patchClaim(ctx, pvc, true, func(p *corev1.PersistentVolumeClaim) { markModifyCompleted(p, vac.Name) }); err != nil {
+		return fmt.Errorf("mark PersistentVolumeClaim %s as modified: %w", key, err)
+	}
+	c.recorder.Eventf(pvc, corev1.EventTypeNormal, ReasonModifySucceeded, "external resizer modified volume %s with vac %s successfully", pvc.Name, vac.Name)
+	c.metrics.modifies.Inc()
+	logger.V(2).Info("Modified volume", "volumeAttributesClass", vac.Name)
+	return nil
+}
+
+// modifyFailed records a failed ControllerModifyVolume as upstream does:
+// INVALID_ARGUMENT is Infeasible (tried again with the same class only
+// after RetryIntervalMax); any other code leaves the modification
+// InProgress, with the ModifyVolumeError condition, and an uncertain one
+// (not final) keeps its target. An error without a gRPC status (a missing
+// Secret) changes nothing in the claim. It returns cause for the retry.
+func (c *ModifyController) modifyFailed(ctx context.Context, key string, pvc *corev1.PersistentVolumeClaim, vac *storagev1.VolumeAttributesClass, cause error) error {
+	code, hasCode := csiclient.Code(cause)
+	label := noCode
+	if hasCode {
+		label = code.String()
+	}
+	c.metrics.errors.WithLabelValues(label).Inc()
+	err := fmt.Errorf("modify volume %s to VolumeAttributesClass %s: %w", pvc.Spec.VolumeName, vac.Name, cause)
+	if !hasCode {
+		return err
+	}
+	outcome := corev1.PersistentVolumeClaimModifyVolumeInProgress
+	msg := cause.Error()
+	if !csiclient.IsFinal(cause) {
+		c.mods.setUncertain(key, true)
+		msg += ". Still modifying to VAC " + vac.Name
+	} else {
+		if code == codes.InvalidArgument {
+			outcome = corev1.PersistentVolumeClaimModifyVolumeInfeasible
+			c.mods.setInfeasible(key, c.clock.Now())
+		}
+		c.mods.setUncertain(key, false)
+	}
+	now := c.clock.Now()
+	if _, perr := c.patchClaim(ctx, pvc, true, func(p *corev1.PersistentVolumeClaim) {
+		markModifyStatus(p, outcome, vac.Name, cause, now)
+	}); perr != nil {
+		klog.FromContext(ctx).Error(perr, "Recording the failed modification in the claim's status failed")
+	}
+	c.recorder.Event(pvc, corev1.EventTypeWarning, ReasonModifyFailed, msg)
+	return err
+}
+
+// rolledBack ends a modification the user took back: the ModifyingVolume
+// condition goes (Event VolumeModifyCanceled). The modification status
+// stays: it tells what happened last, as upstream keeps it.
+func (c *ModifyController) rolledBack(ctx context.Context, pvc *corev1.PersistentVolumeClaim) error {
+	if !hasCondition(pvc, corev1.PersistentVolumeClaimVolumeModifyingVolume) {
+		return nil
+	}
+	if err := kube.StillLeading(ctx); err != nil {
+		return err
+	}
+	if _, err := c.patchClaim(ctx, pvc, false, markModifyRolledBack); err != nil {
+		return fmt.Errorf("mark the modification of PersistentVolumeClaim %s as cancelled: %w", claimKey(pvc), err)
+	}
+	c.recorder.Event(pvc, corev1.EventTypeNormal, ReasonModifyCancelled, "Cancelled modify.")
+	klog.FromContext(ctx).V(2).Info("Modification cancelled: the claim asks for no VolumeAttributesClass any more")
+	return nil
+}
+
+// modifySecrets reads the secrets of ControllerModifyVolume: the Secret the
+// volume's modify-secret annotations name, else its
+// controllerExpandSecretRef, else none. Secrets are read when needed and
+// never cached, watched or logged.
+func (c *ModifyController) modifySecrets(ctx context.Context, pv *corev1.PersistentVolume) (map[string]string, error) {
+	name, ns := pv.Annotations[ModifySecretNameAnnotation], pv.Annotations[ModifySecretNamespaceAnnotation]
+	if name == "" || ns == "" {
+		ref := pv.Spec.CSI.ControllerExpandSecretRef
+		if ref == nil {
+			return nil, nil
+		}
+		name, ns = ref.Name, ref.Namespace
+	}
+	s, err := c.client.CoreV1().Secrets(ns).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("get the modify Secret %s/%s: %w", ns, name, err)
+	}
+	out := make(map[string]string, len(s.Data))
+	for k, v := range s.Data {
+		out[k] = string(v)
+	}
+	return out, nil
+}
+
+// liveVolume returns the PersistentVolume name from the cache, or from the
+// API server when the cache lacks it or has not seen the controller's last
+// write of it (state). It returns nil when the volume does not exist.
+func liveVolume(ctx context.Context, lister interface {
+	Get(string) (*corev1.PersistentVolume, error)
+}, client KubeClient, state *claimState, name string) (*corev1.PersistentVolume, error) {
+	pv, err := lister.Get(name)
+	switch {
+	case err == nil && !state.stale(pvKey(name), pv.ResourceVersion):
+		return pv, nil
+	case err != nil && !apierrors.IsNotFound(err):
+		return nil, err
+	}
+	pv, err = client.CoreV1().PersistentVolumes().Get(ctx, name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read PersistentVolume %s: %w", name, err)
+	}
+	return pv, nil
+}
+
+// volumeOnNode tells, with a node name set (--node-deployment), whether
+// pv's required node affinity admits that node, as the resize
+// controller's onThisNode does; without one, every volume is.
+func volumeOnNode(ctx context.Context, client KubeClient, node string, pv *corev1.PersistentVolume) (bool, error) {
+	if node == "" {
+		return true, nil
+	}
+	aff := pv.Spec.NodeAffinity
+	if aff == nil || aff.Required == nil || len(aff.Required.NodeSelectorTerms) == 0 {
+		klog.FromContext(ctx).V(4).Info("The PersistentVolume has no node affinity; left to a resizer that is not per node")
+		return false, nil
+	}
+	n, err := client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+	if err != nil {
+		return false, fmt.Errorf("read this controller's Node %s: %w", node, err)
+	}
+	return affinityAdmits(aff.Required, n), nil
+}
