@@ -130,7 +130,10 @@ func (s *Server) lockName(name string) (func(), error) {
 func (s *Server) findByName(name string) (*pool.Pool, *pool.Volume, error) {
 	for _, pn := range s.poolNames {
 		p := s.pools[pn]
-		q, v, err := s.settle(p, pool.DeriveVolumeID(p.Name, name))
+		// locate, not settle: the name's lock files are held in every
+		// pool, which a move's FinishMove would try to take again. A
+		// volume with a move pending exists all the same.
+		q, v, err := s.locate(p, pool.DeriveVolumeID(p.Name, name))
 		if errors.Is(err, pool.ErrNotFound) || errors.Is(err, pool.ErrGuest) {
 			continue // none, or one moved here from its home, found there
 		}

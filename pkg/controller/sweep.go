@@ -37,6 +37,20 @@ func (s *Server) Start(ctx context.Context) {
 // GetCapacity does not offer it.
 func (s *Server) Sweep(ctx context.Context) {
 	logger := klog.FromContext(ctx)
+	// Moves that a killed process left and nobody retried first: finished
+	// if the copy was durable, else rolled back (pool.SweepMoves). Before
+	// the pools' own sweep, which would otherwise report the copy in the
+	// target as an orphan image.
+	for _, name := range s.poolNames {
+		p := s.pools[name]
+		m := p.SweepMoves(time.Now(), s.orphanGrace, s.peer)
+		for _, err := range m.Errors {
+			logger.Error(err, "Settling an interrupted move failed", "pool", p.Name)
+		}
+		for _, id := range m.Finished {
+			logger.Info("Settled a move of a volume that a killed process left half-done", "volumeID", id.String())
+		}
+	}
 	for _, name := range s.poolNames {
 		p := s.pools[name]
 		r, err := p.Sweep(time.Now(), s.orphanGrace)
@@ -61,15 +75,6 @@ func (s *Server) Sweep(ctx context.Context) {
 		}
 		for _, id := range r.UnfinishedGroups {
 			logger.Info("Removed a group snapshot whose CreateVolumeGroupSnapshot died before it was whole and was not retried", "pool", p.Name, "groupSnapshotID", id.String())
-		}
-		// Moves that a killed process left and nobody retried: finished
-		// if the copy was durable, else rolled back (pool.SweepMoves).
-		m := p.SweepMoves(time.Now(), s.orphanGrace, s.peer)
-		for _, err := range m.Errors {
-			logger.Error(err, "Settling an interrupted move failed", "pool", p.Name)
-		}
-		for _, id := range m.Finished {
-			logger.Info("Settled a move of a volume that a killed process left half-done", "volumeID", id.String())
 		}
 	}
 }

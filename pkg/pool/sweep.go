@@ -134,6 +134,14 @@ func (p *Pool) sweepTemp(r *SweepReport, d *dir, name string, now time.Time) {
 				return // a writer holds it: the temporary may be live
 			}
 			defer unlock()
+			if _, err := p.ReadVolume(id); errors.Is(err, ErrGuest) {
+				// The record of a volume moved here is written under
+				// its home pool's lock, not this one: only an old
+				// temporary is surely dead.
+				if st, err := d.stat(name); err != nil || now.Sub(time.Unix(st.Mtim.Unix())) < tempAge {
+					return
+				}
+			}
 			if err := d.remove(name); err != nil {
 				r.Errors = append(r.Errors, err)
 				return
