@@ -43,7 +43,7 @@ func (c *compatFlags) addFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.metricsAddress, "metrics-address", "", "Deprecated (as upstream): host:port to serve the metrics on; use --http-endpoint, which also serves /healthz. Only one of the two may be set.")
 	c.featureGates = newFeatureGates()
 	fs.Var(&c.featureGates, "feature-gates", "Upstream feature gates, as key=bool pairs separated by commas: "+c.featureGates.known()+
-		". Each is accepted so upstream manifests run; what they switch is always on here (the Lease is always released on exit; errorCode is always written), except AnnotateFsResize, which the resizer honours as upstream (on by default).")
+		". Each is accepted so upstream manifests run; what they switch is always on here (the Lease is always released on exit; errorCode is always written), except AnnotateFsResize and VolumeAttributesClass, which the resizer honours as upstream (both on by default; VolumeAttributesClass=false turns the modify controller off).")
 	fs.BoolVar(&c.automaxprocs, "automaxprocs", false, "Accepted for upstream manifests and ignored: since Go 1.25 the runtime sets GOMAXPROCS from the container's CPU limit by itself.")
 	fs.IntVar(&c.healthPort, "health-port", 0, "Deprecated (node-driver-registrar): TCP port of /healthz on all addresses; use --http-endpoint. 0 disables it; only one of the two may be set.")
 	fs.StringVar(&c.mode, "mode", "", "Deprecated (node-driver-registrar): \""+registrationProbeMode+"\" makes the process exit 0 at once, as upstream's probe mode ended up doing; \""+registrationMode+"\" (upstream's default) changes nothing; no other value is accepted.")
