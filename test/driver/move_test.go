@@ -1,0 +1,230 @@
+package driver
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/loopvol/loopvol/test/internal/driverproc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// movePools is one driver (--mode=all) serving two pools of one zone,
+// slow and fast, in two directories.
+type movePools struct {
+	dir, slow, fast, kubelet string
+	d                        *driverproc.Driver
+	ctrl                     csi.ControllerClient
+	node                     csi.NodeClient
+}
+
+func newMovePools(t *testing.T) *movePools {
+	t.Helper()
+	driverproc.RequireRoot(t)
+	m := &movePools{dir: t.TempDir()}
+	m.slow, m.fast, m.kubelet = filepath.Join(m.dir, "slow"), filepath.Join(m.dir, "fast"), filepath.Join(m.dir, "kubelet")
+	for _, d := range []string{m.slow, m.fast, m.kubelet, filepath.Join(m.dir, "a")} {
+		if err := os.MkdirAll(d, 0o750); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() { forceCleanup(t, m.dir) })
+	m.start(t)
+	return m
+}
+
+func (m *movePools) start(t *testing.T) {
+	t.Helper()
+	m.d = driverproc.Start(t, filepath.Join(m.dir, "a"), "--mode=all", "--node-id=node-a", "--zone=z1",
+		"--pool=slow="+m.slow, "--pool=fast="+m.fast, "--kubelet-dir="+m.kubelet)
+	m.ctrl, m.node = csi.NewControllerClient(m.d.Conn), csi.NewNodeClient(m.d.Conn)
+}
+
+func (m *movePools) create(t *testing.T, name string, size int64, cap *csi.VolumeCapability) string {
+	t.Helper()
+	resp, err := m.ctrl.CreateVolume(bg(), &csi.CreateVolumeRequest{Name: name, CapacityRange: &csi.CapacityRange{RequiredBytes: size},
+		VolumeCapabilities: []*csi.VolumeCapability{cap}, Parameters: map[string]string{"pool": "slow"}})
+	if err != nil {
+		t.Fatalf("CreateVolume %s: %v", name, err)
+	}
+	return resp.GetVolume().GetVolumeId()
+}
+
+func (m *movePools) modify(id, to string) error {
+	_, err := m.ctrl.ControllerModifyVolume(bg(), &csi.ControllerModifyVolumeRequest{VolumeId: id, MutableParameters: map[string]string{"pool": to}})
+	return err
+}
+
+func (m *movePools) attach(t *testing.T, id string, cap *csi.VolumeCapability) string {
+	t.Helper()
+	if _, err := m.ctrl.ControllerPublishVolume(bg(), &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: "node-a", VolumeCapability: cap}); err != nil {
+		t.Fatalf("ControllerPublishVolume: %v", err)
+	}
+	return (&cluster{}).stagePublish(t, m.node, m.kubelet, id, cap, false)
+}
+
+func (m *movePools) detach(t *testing.T, id string) {
+	t.Helper()
+	(&cluster{}).unpublishUnstage(t, m.node, m.kubelet, id)
+	if _, err := m.ctrl.ControllerUnpublishVolume(bg(), &csi.ControllerUnpublishVolumeRequest{VolumeId: id, NodeId: "node-a"}); err != nil {
+		t.Fatalf("ControllerUnpublishVolume: %v", err)
+	}
+}
+
+func hashOf(id string) string { return id[strings.LastIndex(id, ".")+1:] }
+
+// wantOnlyIn checks that the pools hold exactly the volume's image and
+// record in pool "in" and, if that is not its home (slow), a forwarding
+// record at home: no temporary, no old copy.
+func (m *movePools) wantOnlyIn(t *testing.T, id, in string) {
+	t.Helper()
+	h := hashOf(id)
+	want := map[string][]string{"slow": nil, "fast": nil}
+	want[in] = []string{h + ".img", h + ".json"}
+	if in != "slow" {
+		want["slow"] = []string{h + ".json"}
+	}
+	for name, dir := range map[string]string{"slow": m.slow, "fast": m.fast} {
+		var got []string
+		for _, e := range poolEntries(t, dir) {
+			if !strings.HasSuffix(e, ".lock") {
+				got = append(got, e)
+			}
+		}
+		slices.Sort(got)
+		if !slices.Equal(got, want[name]) {
+			t.Errorf("pool %s holds %v, want %v", name, got, want[name])
+		}
+	}
+	v, err := m.ctrl.ControllerGetVolume(bg(), &csi.ControllerGetVolumeRequest{VolumeId: id})
+	if err != nil || v.GetVolume().GetVolumeContext()["loopvol.csi.io/pool"] != in {
+		t.Errorf("ControllerGetVolume(%s) = %v, %v; want it in pool %s", id, v, err, in)
+	}
+}
+
+// TestModifyVolumeMovesPool: a filesystem volume written through a real
+// mount moves from slow to fast while detached, keeps its ID, and stages
+// again from fast with its data; moving it while staged is refused.
+func TestModifyVolumeMovesPool(t *testing.T) {
+	m := newMovePools(t)
+	cap := mountCap(snw, "ext4")
+	id := m.create(t, "pvc-move", 64<<20, cap)
+	target := m.attach(t, id, cap)
+	data := []byte("written in slow, read in fast\n")
+	if err := os.WriteFile(filepath.Join(target, "data"), data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("sync", "-f", filepath.Join(target, "data")).CombinedOutput(); err != nil {
+		t.Fatalf("sync: %v: %s", err, out)
+	}
+	err := m.modify(id, "fast")
+	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "node-a") {
+		t.Fatalf("moving a published volume = %v, want FAILED_PRECONDITION naming node-a", err)
+	}
+	m.detach(t, id)
+	if err := m.modify(id, "fast"); err != nil {
+		t.Fatalf("ControllerModifyVolume pool=fast: %v", err)
+	}
+	m.wantOnlyIn(t, id, "fast")
+	target = m.attach(t, id, cap)
+	got, err := os.ReadFile(filepath.Join(target, "data"))
+	if err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("after the move the file reads %q, %v; want %q", got, err, data)
+	}
+	// The loop device is the image in fast.
+	out, err := exec.Command("losetup", "-j", filepath.Join(m.fast, "volumes", hashOf(id)+".img")).CombinedOutput()
+	if err != nil || len(bytes.TrimSpace(out)) == 0 {
+		t.Fatalf("no loop device on the image in fast: %s, %v", out, err)
+	}
+	m.detach(t, id)
+	if _, err := m.ctrl.DeleteVolume(bg(), &csi.DeleteVolumeRequest{VolumeId: id}); err != nil {
+		t.Fatal(err)
+	}
+	for _, dir := range []string{m.slow, m.fast} {
+		for _, e := range poolEntries(t, dir) {
+			t.Errorf("DeleteVolume left %s in %s", e, dir)
+		}
+	}
+}
+
+// TestModifyVolumeKilledMidMove kills the driver (SIGKILL) while it copies
+// a 2 GiB volume from slow to fast, restarts it, and retries the modify:
+// the retry converges (the copy was not durable: rolled back, then made
+// again), the volume keeps its ID and every byte, and neither pool keeps
+// anything else of it.
+func TestModifyVolumeKilledMidMove(t *testing.T) {
+	m := newMovePools(t)
+	cap := blockCap(snw)
+	id := m.create(t, "pvc-kill-move", 2*gib, cap)
+	img := filepath.Join(m.slow, "volumes", hashOf(id)+".img")
+	// Data in the whole image, so that the copy has 2 GiB to do.
+	if out, err := exec.Command("dd", "if=/dev/urandom", "of="+img, "bs=4M", "count=512", "conv=notrunc,fsync", "status=none").CombinedOutput(); err != nil {
+		t.Fatalf("dd: %v: %s", err, out)
+	}
+	sum := checksum(t, img)
+
+	done := make(chan error, 1)
+	go func() { done <- m.modify(id, "fast") }()
+	// Wait for the copy in fast, then kill.
+	temp := "." + hashOf(id) + ".img.moving"
+	deadline := time.Now().Add(60 * time.Second)
+	for !slices.Contains(poolEntries(t, m.fast), temp) {
+		select {
+		case err := <-done:
+			t.Fatalf("ControllerModifyVolume finished (%v) before the test saw its copy", err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no copy appeared in pool fast")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	m.d.Kill()
+	<-done
+	rec, err := os.ReadFile(filepath.Join(m.slow, "volumes", hashOf(id)+".json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var half struct {
+		Move *struct{ From, To string } `json:"move"`
+	}
+	if err := json.Unmarshal(rec, &half); err != nil {
+		t.Fatal(err)
+	}
+	if half.Move == nil || half.Move.To != "fast" {
+		t.Fatalf("the home record after the kill says %s: the test did not test a crash mid-move", rec)
+	}
+
+	m.start(t)
+	// Until the retry the volume is in slow, whole.
+	if v, err := m.ctrl.ControllerGetVolume(bg(), &csi.ControllerGetVolumeRequest{VolumeId: id}); err != nil || v.GetVolume().GetVolumeContext()["loopvol.csi.io/pool"] != "slow" {
+		t.Fatalf("ControllerGetVolume after the restart = %v, %v", v, err)
+	}
+	if err := m.modify(id, "fast"); err != nil {
+		t.Fatalf("retried ControllerModifyVolume: %v", err)
+	}
+	m.wantOnlyIn(t, id, "fast")
+	if got := checksum(t, filepath.Join(m.fast, "volumes", hashOf(id)+".img")); !bytes.Equal(got, sum) {
+		t.Fatal("the moved image differs from the volume before the move")
+	}
+	list, err := m.ctrl.ListVolumes(bg(), &csi.ListVolumesRequest{})
+	if err != nil || len(list.GetEntries()) != 1 || list.GetEntries()[0].GetVolume().GetVolumeId() != id {
+		t.Fatalf("ListVolumes = %v, %v; want the volume once, by its ID", list, err)
+	}
+	if _, err := m.ctrl.DeleteVolume(bg(), &csi.DeleteVolumeRequest{VolumeId: id}); err != nil {
+		t.Fatal(err)
+	}
+	for _, dir := range []string{m.slow, m.fast} {
+		for _, e := range poolEntries(t, dir) {
+			t.Errorf("DeleteVolume left %s in %s", e, dir)
+		}
+	}
+}
