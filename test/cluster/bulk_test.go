@@ -179,7 +179,8 @@ func immediateClass(ctx context.Context, t *testing.T, c *cluster.Cluster) strin
 // call's return), annotated for the provisioner, got its PV, and was
 // Bound, from watch events as they arrive.
 type bulkTimeline struct {
-	timeline // its watch loop and lock; the maps below are this test's
+	// timeline lends its watch loop and lock; the maps are this test's.
+	timeline
 	created, annotated, volume, bound map[string]time.Time
 }
 
