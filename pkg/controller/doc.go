@@ -10,7 +10,9 @@
 // mounted on this node is frozen for its clone (freeze.go). The
 // GroupController service (group.go) snapshots volumes of one pool
 // together. ControllerModifyVolume (modify.go) applies the mutable
-// parameters of a VolumeAttributesClass. docs/snapshots.md has the whole.
+// parameters of a VolumeAttributesClass, moving a detached volume to
+// another pool of its zone; every lookup by ID goes through its home pool's
+// record (locate, settle). docs/snapshots.md has the whole.
 //
 // Errors are plain wrapped errors inside: pkg/pool's sentinels and this
 // package's kinds (errors.go). toStatus turns them into gRPC codes in one

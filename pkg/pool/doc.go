@@ -30,7 +30,10 @@
 // (group.go) is a record listing member snapshots whose records name it. A
 // volume's image is thick (fully allocated) or thin (sparse, still counted
 // as promised); SetLayout changes it, with the intent in the record
-// (layout.go).
+// (layout.go). MoveVolume moves a volume to another pool of its zone,
+// keeping its ID: the pool the ID names keeps a forwarding record, which
+// Locate follows one hop, strictly (move.go has the design and the crash
+// order).
 //
 // The package imports only the standard library and x/sys: it knows nothing of
 // gRPC or Kubernetes. Callers map its sentinel errors to status codes.
