@@ -11,7 +11,9 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/loopvol/loopvol/pkg/pool"
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 var moveMarks = []struct {
@@ -348,5 +350,65 @@ func TestModifyMoveCrashes(t *testing.T) {
 				wantIn(t, f, id, "fast")
 			})
 		}
+	}
+}
+
+// TestModifyMoveHoldsTheVolume: while a move runs, every other RPC that
+// takes the volume's lock is ABORTED, and the lookups that take none find
+// the volume in one pool: the one it moves from until the commit, the one
+// it moves to after.
+func TestModifyMoveHoldsTheVolume(t *testing.T) {
+	f := newFixture(t, map[string]string{"slow": "z1", "fast": "z1"})
+	f.addNode(t, "slow", "node-1", 0)
+	f.addNode(t, "fast", "node-1", 0)
+	c := ctx(t)
+	id := newMoveVolume(t, f, "pvc-held", "slow")
+	var seen []string
+	f.s.afterMoveStep = func(step pool.MoveStep) error {
+		_, err := f.s.ControllerPublishVolume(c, &csi.ControllerPublishVolumeRequest{VolumeId: id.String(), NodeId: "node-1", VolumeCapability: mountCap(snw, "ext4")})
+		if status.Code(err) != codes.Aborted {
+			t.Errorf("publish during the move (after %s) = %v, want ABORTED", step, err)
+		}
+		got, err := f.s.ControllerGetVolume(c, &csi.ControllerGetVolumeRequest{VolumeId: id.String()})
+		if err != nil {
+			t.Errorf("ControllerGetVolume during the move (after %s): %v", step, err)
+			return nil
+		}
+		seen = append(seen, string(step)+"="+got.Volume.VolumeContext[ContextPool])
+		return nil
+	}
+	if err := modifyPool(t, f, id, "fast"); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"intent=slow", "copied=slow", "image=slow", "record=slow", "committed=fast", "cleaned=fast"}
+	if !slices.Equal(seen, want) {
+		t.Errorf("lookups during the move saw %v, want %v", seen, want)
+	}
+	f.s.afterMoveStep = nil
+	wantIn(t, f, id, "fast")
+}
+
+// TestModifyMoveWithPreallocate: preallocate and pool in one class: the
+// layout changes first, in the pool the volume is in, and the copy keeps
+// it (a thin image stays sparse in its new pool).
+func TestModifyMoveWithPreallocate(t *testing.T) {
+	f := newFixture(t, map[string]string{"slow": "z1", "fast": "z1"})
+	c := ctx(t)
+	id := newMoveVolume(t, f, "pvc-thin-move", "slow")
+	if _, err := f.s.ControllerModifyVolume(c, &csi.ControllerModifyVolumeRequest{VolumeId: id.String(),
+		MutableParameters: map[string]string{MutablePool: "fast", MutablePreallocate: "false"}}); err != nil {
+		t.Fatal(err)
+	}
+	wantIn(t, f, id, "fast")
+	v, err := f.pools["fast"].ReadVolume(id)
+	if err != nil || !v.Thin {
+		t.Fatalf("moved volume %+v, %v; want it thin", v, err)
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(f.pools["fast"].ImagePath(id), &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Blocks*512 >= 4*mib {
+		t.Errorf("the thin image in its new pool has %d bytes allocated, more than its data", st.Blocks*512)
 	}
 }
