@@ -93,6 +93,7 @@ func (b *builder) image(r recipe) (v1.Image, error) {
 	cf.Architecture = runtime.GOARCH
 	cf.Created = v1.Time{Time: b.created}
 	cf.Config.Entrypoint = r.entrypoint
+	cf.Config.Cmd = r.cmd
 	cf.Config.User = r.user
 	cf.Config.Env = r.base.env
 	cf.Config.WorkingDir = "/"

@@ -41,8 +41,8 @@ func run(args []string) error {
 	repo := fs.String("repo", "localhost/loopvol", "Repository the images are named in: <repo>/<image>:<tag>.")
 	created := fs.String("created", "0", "Creation time of the images in seconds since the epoch (e.g. the commit's), so that builds repeat bit for bit.")
 	only := fs.String("images", "", "Comma-separated images to build (default: all).")
-	toolDir := fs.String("tools", "", "Directory of the one-node cluster's tool binaries csi-provisioner, csi-attacher and pause (hack/tools/build.sh builds them into bin/); when set, their images "+
-		"<repo>/csi-provisioner, <repo>/csi-attacher and <repo>/pause are built too, tagged with the tool's version.")
+	toolDir := fs.String("tools", "", "Directory of the one-node cluster's tool binaries csi-provisioner, csi-attacher, csi-snapshotter, snapshot-controller, agnhost and pause (hack/tools/build.sh builds them into bin/); when set, their images "+
+		"<repo>/<tool> are built too, tagged with the tool's version (and, for the upstream e2e suite's test images, by the names it asks for).")
 	var tagList tags
 	fs.Var(&tagList, "tag", "Tag of the images; repeat for more (default: dev). The first is also the version label.")
 	if err := fs.Parse(args); err != nil {
@@ -87,15 +87,16 @@ func run(args []string) error {
 		b    *builder
 		r    recipe
 		tags []string
+		refs []string // full references besides <repo>/<name>:<tag>
 	}
 	var jobs []job
 	for _, r := range recipes {
 		if len(want) == 0 || want[r.name] {
-			jobs = append(jobs, job{b, r, tagList})
+			jobs = append(jobs, job{b, r, tagList, nil})
 		}
 	}
 	for _, r := range toolRecipes {
-		if len(want) > 0 && !want[r.name] {
+		if !r.selected(want) {
 			continue
 		}
 		if *toolDir == "" {
@@ -107,7 +108,7 @@ func run(args []string) error {
 		tb := *b
 		tb.binDir = *toolDir
 		tb.version = r.tag
-		jobs = append(jobs, job{&tb, r.recipe, []string{r.tag}})
+		jobs = append(jobs, job{&tb, r.recipe, []string{r.tag}, r.refs})
 	}
 	for _, j := range jobs {
 		b, r := j.b, j.r
@@ -120,6 +121,7 @@ func run(args []string) error {
 		for _, t := range j.tags {
 			refs = append(refs, *repo+"/"+r.name+":"+t)
 		}
+		refs = append(refs, j.refs...)
 		dir := filepath.Join(*out, r.name)
 		wrote, err := writeOCI(dir, index(img, refs))
 		if err != nil {
@@ -142,6 +144,15 @@ func run(args []string) error {
 			time.Since(start).Round(10*time.Millisecond), dir, dir)
 	}
 	return nil
+}
+
+// selected tells whether a build with -images want (empty: the default
+// set) builds r: named, or by default unless it is opt-in.
+func (r toolRecipe) selected(want map[string]bool) bool {
+	if len(want) == 0 {
+		return !r.optIn
+	}
+	return want[r.name]
 }
 
 // imageSize adds up the compressed sizes of the image's layers.

@@ -26,6 +26,9 @@ type recipe struct {
 	user string
 	// entrypoint is the image's ENTRYPOINT.
 	entrypoint []string
+	// cmd is the image's CMD, the arguments a container that sets none
+	// gets (nil: none).
+	cmd []string
 	// base stands in for the Dockerfile's FROM image, for what the packages
 	// need of it without saying so.
 	base base
@@ -109,8 +112,16 @@ var nodeCommands = []string{
 // the binary's version, not loopvol's.
 type toolRecipe struct {
 	recipe
-	// tag is the image's only tag.
+	// tag is the image's tag in -repo.
 	tag string
+	// optIn images are built only when -images names them: what only
+	// the upstream e2e suite runs (make e2e-k8s-images), so that make
+	// cluster-images needs no more binaries than the cluster's.
+	optIn bool
+	// refs are full references the image is also named by: the names
+	// the upstream e2e suite asks containerd for (test/e2e-k8s), which
+	// no registry serves here.
+	refs []string
 }
 
 // toolRecipes are built when -tools names the directory of their binaries
@@ -161,14 +172,118 @@ var toolRecipes = []toolRecipe{
 	{
 		// The tests' and the demo's workload (test/cluster, hack/demo): one
 		// static busybox from Debian (sh, sha256sum, dd, sleep, ...), run
-		// as /bin/busybox <applet>.
+		// as /bin/busybox <applet> or by the applet's name. The upstream
+		// e2e suite's default test image too: its pods run "sh -c",
+		// "ls", "mount" and the like by name (with no command, sh).
 		recipe: recipe{
 			name:       "busybox",
 			from:       "debian:bookworm-slim",
 			packages:   []string{"busybox-static"},
 			entrypoint: []string{"/bin/busybox"},
-			base:       base{env: []string{debianPath}},
+			base:       base{env: []string{debianPath}, symlinks: busyboxLinks()},
 		},
-		tag: "bookworm",
+		tag:  "bookworm",
+		refs: []string{e2eRegistry + "/busybox:1.37.0-2"},
 	},
+	{
+		// The upstream e2e suite's other test image
+		// (k8s.io/kubernetes/test/images/agnhost, hack/tools/build.sh
+		// agnhost): /agnhost with its subcommands, "pause" by default as
+		// upstream's; busybox for the shell the suite runs in it. The tag
+		// is the VERSION of the agnhost source in hack/tools/go.mod's
+		// k8s.io/kubernetes.
+		recipe: recipe{
+			name:       "agnhost",
+			from:       "debian:bookworm-slim",
+			packages:   []string{"busybox-static"},
+			binaries:   []placement{{src: "agnhost", dst: "/agnhost"}},
+			entrypoint: []string{"/agnhost"},
+			cmd:        []string{"pause"},
+			base:       base{env: []string{debianPath}, symlinks: busyboxLinks()},
+		},
+		tag:   "2.66.1",
+		refs:  []string{e2eRegistry + "/agnhost:2.66.1"},
+		optIn: true,
+	},
+	{
+		// The image the e2e suite's "exec" specs run a script in (it
+		// names nginx, and uses only its shell): Debian's nginx (1.22,
+		// under the tag the suite asks for), as upstream's serving on
+		// port 80, with busybox for the shell. passwd and group hold the
+		// www-data that nginx-common's maintainer scripts would add.
+		recipe: recipe{
+			name:       "nginx",
+			from:       "debian:bookworm-slim",
+			packages:   []string{"nginx", "busybox-static"},
+			entrypoint: []string{"nginx", "-g", "daemon off;"},
+			base: base{
+				packages: []string{"base-files"},
+				tree:     "nginx",
+				symlinks: busyboxLinks(),
+				env:      []string{debianPath},
+			},
+		},
+		tag:   "1.27.0-2",
+		refs:  []string{e2eRegistry + "/nginx:1.27.0-2"},
+		optIn: true,
+	},
+	{
+		// external-snapshotter's sidecar
+		// (deploy/kubernetes/components/snapshotter); the tag is the
+		// version hack/tools/snapshotter/go.mod pins.
+		recipe: recipe{
+			name:       "csi-snapshotter",
+			from:       "scratch",
+			tree:       "controller",
+			binaries:   []placement{{src: "csi-snapshotter", dst: "/csi-snapshotter"}},
+			user:       "65532:65532",
+			entrypoint: []string{"/csi-snapshotter"},
+		},
+		tag:   "v8.7.0",
+		optIn: true,
+	},
+	{
+		// external-snapshotter's cluster-wide controller (test/e2e-k8s
+		// deploys it: a cluster has one, whatever the drivers).
+		recipe: recipe{
+			name:       "snapshot-controller",
+			from:       "scratch",
+			tree:       "controller",
+			binaries:   []placement{{src: "snapshot-controller", dst: "/snapshot-controller"}},
+			user:       "65532:65532",
+			entrypoint: []string{"/snapshot-controller"},
+		},
+		tag:   "v8.7.0",
+		optIn: true,
+	},
+}
+
+// e2eRegistry is where the upstream e2e suite's test images come from
+// (k8s.io/kubernetes/test/utils/image, promoterE2eRegistry).
+const e2eRegistry = "registry.k8s.io/e2e-test-images"
+
+// busyboxApplets are the commands the busybox images offer by name, as
+// links to /bin/busybox (Debian's busybox-static ships the binary only):
+// what shell scripts in test pods use, not the system tools (init,
+// modprobe, networking daemons).
+var busyboxApplets = []string{
+	"[", "[[", "ash", "awk", "base64", "basename", "blockdev", "cat", "chgrp", "chmod", "chown",
+	"cmp", "cp", "cut", "date", "dd", "df", "diff", "dirname", "du", "echo", "egrep", "env",
+	"expr", "fallocate", "false", "fgrep", "find", "free", "fsfreeze", "fstrim", "grep", "gunzip",
+	"gzip", "head", "hexdump", "hostname", "id", "kill", "ln", "losetup", "ls", "md5sum",
+	"mkdir", "mkfifo", "mknod", "mktemp", "mount", "mv", "nc", "nproc", "od", "pidof", "printf",
+	"ps", "pwd", "readlink", "realpath", "rm", "rmdir", "sed", "seq", "sh", "sha1sum",
+	"sha256sum", "sha512sum", "sleep", "sort", "stat", "sync", "tail", "tar", "tee", "test",
+	"time", "timeout", "top", "touch", "tr", "true", "truncate", "uname", "umount", "uniq",
+	"unlink", "uptime", "usleep", "vi", "watch", "wc", "wget", "which", "whoami", "xargs",
+	"yes", "zcat",
+}
+
+// busyboxLinks are busyboxApplets as /bin/<applet> → busybox.
+func busyboxLinks() map[string]string {
+	links := make(map[string]string, len(busyboxApplets))
+	for _, a := range busyboxApplets {
+		links["/bin/"+a] = "busybox"
+	}
+	return links
 }
