@@ -129,9 +129,17 @@ func (s *Server) controllerModifyVolume(ctx context.Context, req *csi.Controller
 					MutablePool, v.ID, strings.Join(nodesOf(v), ", "), to.Name)
 			}
 		}
-		if m.thin != nil {
+		thin, params := m.thin, req.GetMutableParameters()
+		if thin == nil && to != nil && v.Modifying != nil {
+			// A change of layout that a crash interrupted, asked by
+			// an earlier class: finished before the move, which
+			// copies only a settled image.
+			want := v.Modifying[MutablePreallocate] == "false"
+			thin, params = &want, v.Modifying
+		}
+		if thin != nil {
 			was := v.Thin
-			if err := p.SetLayout(v, *m.thin, req.GetMutableParameters()); err != nil {
+			if err := p.SetLayout(v, *thin, params); err != nil {
 				return err
 			}
 			if was != v.Thin {

@@ -412,3 +412,26 @@ func TestModifyMoveWithPreallocate(t *testing.T) {
 		t.Errorf("the thin image in its new pool has %d bytes allocated, more than its data", st.Blocks*512)
 	}
 }
+
+// TestModifyMoveFinishesAnInterruptedLayout: a change of preallocate that
+// a crash interrupted (its intent still in the record) is finished before
+// a later class's move, which copies only a settled image.
+func TestModifyMoveFinishesAnInterruptedLayout(t *testing.T) {
+	f := newFixture(t, map[string]string{"slow": "z1", "fast": "z1"})
+	id := newMoveVolume(t, f, "pvc-half-thin", "slow")
+	v, err := f.pools["slow"].ReadVolume(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v.Modifying = map[string]string{MutablePreallocate: "false"} // what a crash in SetLayout leaves
+	if err := f.pools["slow"].WriteVolume(v); err != nil {
+		t.Fatal(err)
+	}
+	if err := modifyPool(t, f, id, "fast"); err != nil {
+		t.Fatal(err)
+	}
+	wantIn(t, f, id, "fast")
+	if v, err := f.pools["fast"].ReadVolume(id); err != nil || !v.Thin || v.Modifying != nil {
+		t.Fatalf("moved volume %+v, %v; want the interrupted change to thin finished", v, err)
+	}
+}
