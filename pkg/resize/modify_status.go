@@ -159,18 +159,32 @@ func volumeClassPatch(pv *corev1.PersistentVolume, name string) []byte {
 	return kube.MustJSON(map[string]any{"spec": map[string]any{"volumeAttributesClassName": name}})
 }
 
-// patchClaim applies change to a copy of pvc and writes the difference to
-// the status subresource, with pvc's resourceVersion as a precondition, as
-// the resize controller's patchClaim does: on a conflict it reads the claim
-// again and, when onLive (the outcome of a driver call, a fact whatever
-// the claim's version), applies change to the live copy once more;
-// otherwise it fails and the next sync decides on the live claim.
+// patchClaim writes a change of pvc's modification status (patchStatus,
+// with modifyClaimPatch).
 func (c *ModifyController) patchClaim(ctx context.Context, pvc *corev1.PersistentVolumeClaim, onLive bool, change func(*corev1.PersistentVolumeClaim)) (*corev1.PersistentVolumeClaim, error) {
+	return patchStatus(ctx, c.client, c.state, pvc, onLive, change, modifyClaimPatch)
+}
+
+// patchVolume writes a merge patch of pv (writeVolumePatch).
+func (c *ModifyController) patchVolume(ctx context.Context, pv *corev1.PersistentVolume, data []byte) error {
+	return writeVolumePatch(ctx, c.client, c.state, pv, data)
+}
+
+// patchStatus applies change to a copy of pvc and writes the difference,
+// as patchOf computes it (with pvc's resourceVersion as a precondition), to
+// the status subresource. It returns the claim as written (pvc itself when
+// nothing changed), and records the write in state. On a conflict it reads
+// the claim again and, when onLive (the outcome of a driver call, a fact
+// whatever the claim's version), applies change to the live copy once more;
+// otherwise it fails and marks the claim to be read live by the next sync.
+// The resize controller's patchClaim does the same with claimPatch.
+func patchStatus(ctx context.Context, client KubeClient, state *claimState, pvc *corev1.PersistentVolumeClaim, onLive bool,
+	change func(*corev1.PersistentVolumeClaim), patchOf func(old, new *corev1.PersistentVolumeClaim) []byte) (*corev1.PersistentVolumeClaim, error) {
 	key := claimKey(pvc)
 	for try := 0; ; try++ {
 		next := pvc.DeepCopy()
 		change(next)
-		data := modifyClaimPatch(pvc, next)
+		data := patchOf(pvc, next)
 		if data == nil {
 			return pvc, nil
 		}
@@ -178,19 +192,19 @@ func (c *ModifyController) patchClaim(ctx context.Context, pvc *corev1.Persisten
 			return pvc, err
 		}
 		klog.FromContext(ctx).V(5).Info("Patching PersistentVolumeClaim status", "patch", string(data))
-		out, err := c.client.CoreV1().PersistentVolumeClaims(pvc.Namespace).Patch(ctx, pvc.Name, types.MergePatchType, data, metav1.PatchOptions{}, "status")
+		out, err := client.CoreV1().PersistentVolumeClaims(pvc.Namespace).Patch(ctx, pvc.Name, types.MergePatchType, data, metav1.PatchOptions{}, "status")
 		if err == nil {
-			c.state.recordWrite(key, out.ResourceVersion)
+			state.recordWrite(key, out.ResourceVersion)
 			return out, nil
 		}
 		if !apierrors.IsConflict(err) {
 			return pvc, err
 		}
 		if !onLive || try > 0 {
-			c.state.readLive(key)
+			state.readLive(key)
 			return pvc, err
 		}
-		live, gerr := c.client.CoreV1().PersistentVolumeClaims(pvc.Namespace).Get(ctx, pvc.Name, metav1.GetOptions{})
+		live, gerr := client.CoreV1().PersistentVolumeClaims(pvc.Namespace).Get(ctx, pvc.Name, metav1.GetOptions{})
 		if gerr != nil {
 			return pvc, fmt.Errorf("%w (and reading it again: %w)", err, gerr)
 		}
@@ -198,9 +212,9 @@ func (c *ModifyController) patchClaim(ctx context.Context, pvc *corev1.Persisten
 	}
 }
 
-// patchVolume writes a merge patch (nil: nothing to do) to pv and
-// remembers the resourceVersion it produced.
-func (c *ModifyController) patchVolume(ctx context.Context, pv *corev1.PersistentVolume, data []byte) error {
+// writeVolumePatch writes a merge patch (nil: nothing to do) to pv and
+// records the resourceVersion it produced in state.
+func writeVolumePatch(ctx context.Context, client KubeClient, state *claimState, pv *corev1.PersistentVolume, data []byte) error {
 	if data == nil {
 		return nil
 	}
@@ -208,10 +222,10 @@ func (c *ModifyController) patchVolume(ctx context.Context, pv *corev1.Persisten
 		return err
 	}
 	klog.FromContext(ctx).V(5).Info("Patching PersistentVolume", "patch", string(data))
-	out, err := c.client.CoreV1().PersistentVolumes().Patch(ctx, pv.Name, types.MergePatchType, data, metav1.PatchOptions{})
+	out, err := client.CoreV1().PersistentVolumes().Patch(ctx, pv.Name, types.MergePatchType, data, metav1.PatchOptions{})
 	if err != nil {
 		return err
 	}
-	c.state.recordWrite(pvKey(pv.Name), out.ResourceVersion)
+	state.recordWrite(pvKey(pv.Name), out.ResourceVersion)
 	return nil
 }

@@ -110,6 +110,9 @@ func (c *ModifyController) sync(ctx context.Context, key string) error {
 	if err != nil {
 		return err
 	}
+	if vac.DriverName != c.cfg.DriverName {
+		return c.modifyFailed(ctx, key, pvc, vac, otherDriver(vac, c.cfg.DriverName))
+	}
 	if err := kube.StillLeading(ctx); err != nil {
 		return err
 	}
@@ -145,10 +148,7 @@ func (c *ModifyController) class(pvc *corev1.PersistentVolumeClaim, name string)
 func (c *ModifyController) modifyTo(ctx context.Context, key string, pvc *corev1.PersistentVolumeClaim, pv *corev1.PersistentVolume, vac *storagev1.VolumeAttributesClass) error {
 	logger := klog.FromContext(ctx)
 	if vac.DriverName != c.cfg.DriverName {
-		// Upstream would pass another driver's parameters on; they mean
-		// nothing to this one.
-		err := status.Errorf(codes.InvalidArgument, "VolumeAttributesClass %s is of driver %s, not %s", vac.Name, vac.DriverName, c.cfg.DriverName)
-		return c.modifyFailed(ctx, key, pvc, vac, err)
+		return c.modifyFailed(ctx, key, pvc, vac, otherDriver(vac, c.cfg.DriverName))
 	}
 	params := vac.Parameters
 	if c.cfg.ExtraModifyMetadata {
@@ -191,6 +191,13 @@ func (c *ModifyController) modifyTo(ctx context.Context, key string, pvc *corev1
 	c.metrics.modifies.Inc()
 	logger.V(2).Info("Modified volume", "volumeAttributesClass", vac.Name)
 	return nil
+}
+
+// otherDriver is the outcome of a class of another driver: INVALID_ARGUMENT,
+// infeasible, as the driver would answer parameters that mean nothing to
+// it. Upstream passes them on to the driver.
+func otherDriver(vac *storagev1.VolumeAttributesClass, driver string) error {
+	return status.Errorf(codes.InvalidArgument, "VolumeAttributesClass %s is of driver %s, not %s", vac.Name, vac.DriverName, driver)
 }
 
 // modifyFailed records a failed ControllerModifyVolume as upstream does:

@@ -278,6 +278,12 @@ func TestModifyClassOfAnotherDriver(t *testing.T) {
 	diff(t, "claim",
 		`current=thin target=other status=Infeasible ModifyingVolume:Modifying volume to "other" failed. Waiting for retry. ModifyVolumeError(InvalidArgument):VolumeAttributesClass other is of driver ebs.csi.aws.com, not loopvol.csi.io`,
 		modifyStatusOf(f.pvc("a")))
+	if ev := f.events(); len(ev) != 1 || !strings.HasPrefix(ev[0], "Warning VolumeModifyFailed ") {
+		t.Errorf("events %q, want only VolumeModifyFailed (never marked as being modified)", ev)
+	}
+	if acts := f.actions(); len(acts) != 1 {
+		t.Errorf("API actions %+v, want the one Infeasible status patch", acts)
+	}
 }
 
 // TestModifyRolledBack: a class taken back before it was applied ends the
