@@ -96,13 +96,27 @@ func reserveData(dst, src *os.File, size int64) error {
 
 // copyData copies the data ranges of src's first size bytes into dst at
 // the same offsets with copy_file_range (which the kernel may itself turn
-// into a reflink or a server-side copy); holes stay holes. dst must be at
-// least size bytes long already.
+// into a reflink or a server-side copy); holes stay holes. Between two
+// filesystems, where the kernel refuses copy_file_range (EXDEV: a move to
+// a pool on another filesystem), it reads and writes instead. dst must be
+// at least size bytes long already.
 func copyData(dst, src *os.File, size int64, progress Progress) error {
+	buffered := false
 	return dataRanges(src, size, func(off, end int64) error {
 		roff, woff := off, off
 		for roff < end {
+			if buffered {
+				if err := copyRange(dst, src, roff, end); err != nil {
+					return err
+				}
+				roff = end
+				break
+			}
 			n, err := unix.CopyFileRange(int(src.Fd()), &roff, int(dst.Fd()), &woff, int(min(end-roff, 1<<30)), 0)
+			if errors.Is(err, unix.EXDEV) || errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.ENOSYS) {
+				buffered = true
+				continue
+			}
 			if errors.Is(err, unix.ENOSPC) {
 				return fmt.Errorf("copy %s into %s: %w", src.Name(), dst.Name(), ErrNoSpace)
 			}
@@ -118,4 +132,27 @@ func copyData(dst, src *os.File, size int64, progress Progress) error {
 		}
 		return nil
 	})
+}
+
+// copyRange copies [off, end) of src into dst at the same offsets through
+// a buffer: the copy_file_range fallback.
+func copyRange(dst, src *os.File, off, end int64) error {
+	buf := make([]byte, min(end-off, 4<<20))
+	for off < end {
+		n, err := src.ReadAt(buf[:min(int64(len(buf)), end-off)], off)
+		if n > 0 {
+			if _, werr := dst.WriteAt(buf[:n], off); werr != nil {
+				if errors.Is(werr, unix.ENOSPC) {
+					return fmt.Errorf("copy %s into %s: %w", src.Name(), dst.Name(), ErrNoSpace)
+				}
+				return fmt.Errorf("copy %s into %s at %d: %w", src.Name(), dst.Name(), off, werr)
+			}
+			off += int64(n)
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("copy %s into %s at %d: %w", src.Name(), dst.Name(), off, err)
+		}
+	}
+	return nil
 }

@@ -273,7 +273,7 @@ func (p *Pool) MoveVolume(id VolumeID, to *Pool, peers Peers, opts MoveOptions) 
 	if err := to.copyIn(id, from, v, opts.Progress); err != nil {
 		// A copy that failed (ENOSPC, EIO) is rolled back at once: the
 		// volume never left from.
-		if _, rerr := p.FinishMove(id, peers); rerr != nil {
+		if rerr := p.rollBack(hv, id, to); rerr != nil {
 			err = errors.Join(err, rerr)
 		}
 		return nil, err
@@ -475,16 +475,21 @@ func (p *Pool) FinishMove(id VolumeID, peers Peers) (bool, error) {
 	} else if !errors.Is(err, fs.ErrNotExist) {
 		return true, err
 	}
-	// Not durable yet: roll back. The temporary goes before the intent,
-	// so no temporary outlives the record that names it.
+	return true, p.rollBack(hv, id, to)
+}
+
+// rollBack undoes a move of volume id to pool to whose copy is not durable
+// yet: the temporary goes before the intent in the home record hv, so no
+// temporary outlives the record that names it. The caller holds the locks.
+func (p *Pool) rollBack(hv *Volume, id VolumeID, to *Pool) error {
 	if err := to.vols.remove(moveTempName(id)); err != nil {
-		return true, err
+		return err
 	}
 	if err := to.vols.sync(); err != nil {
-		return true, err
+		return err
 	}
 	hv.Move = nil
-	return true, p.writeHome(hv)
+	return p.writeHome(hv)
 }
 
 // endOfMove checks a pool a move names: the home pool itself, or a peer

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -337,4 +338,100 @@ func TestForwardingIsStrict(t *testing.T) {
 	if _, _, err := a.Locate(id, peers); !errors.Is(err, ErrCorrupt) {
 		t.Errorf("a target record of another ID: Locate = %v, want ErrCorrupt", err)
 	}
+}
+
+// TestMoveAcrossFilesystems (root): the target pool on a filesystem of its
+// own (a loop-mounted 320 MiB xfs, the source on the test's ext4), so no
+// reflink can cross: the sparse-aware copy moves the data there and back;
+// a volume larger than the target's space is refused with nothing changed.
+func TestMoveAcrossFilesystems(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: mounts a filesystem for the target pool")
+	}
+	root := t.TempDir()
+	a, err := Open(Options{Name: "a", Zone: "z1", Path: filepath.Join(root, "a")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close() })
+	mnt := filepath.Join(root, "xfs")
+	must(t, os.MkdirAll(mnt, 0o750))
+	mountXFS(t, filepath.Join(root, "xfs.img"), mnt, 320<<20)
+	b, err := Open(Options{Name: "b", Zone: "z1", Path: filepath.Join(mnt, "b")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() }) // before the unmount
+	pools := map[string]*Pool{"a": a, "b": b}
+	peers := func(name string) *Pool { return pools[name] }
+
+	id := newMovedVolume(t, a, "pvc-across", false)
+	if _, err := moveLocked(t, a, id, b, peers, MoveOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	checkVolumeIn(t, pools, peers, id, "b")
+	if _, err := moveLocked(t, a, id, a, peers, MoveOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	checkVolumeIn(t, pools, peers, id, "a")
+
+	big, err := a.CreateVolume(spec("pvc-too-big", 512<<20))
+	if err != nil {
+		t.Fatal(err)
+	}
+	bigID := mustParse(t, big.ID)
+	before, _ := b.vols.names()
+	if _, err := moveLocked(t, a, bigID, b, peers, MoveOptions{}); !errors.Is(err, ErrNoSpace) {
+		t.Fatalf("a move to a pool without the room = %v, want ErrNoSpace", err)
+	}
+	if after, _ := b.vols.names(); len(after) != len(before) {
+		t.Fatalf("the refused move left %v in the target (had %v)", after, before)
+	}
+	if hv, err := a.readHome(bigID); err != nil || hv.Move != nil {
+		t.Fatalf("after the refused move the record is %+v, %v", hv, err)
+	}
+}
+
+// TestMoveCopyFailureRollsBack: a copy that fails (here: the source image
+// is gone) is rolled back at once: no intent, no temporary.
+func TestMoveCopyFailureRollsBack(t *testing.T) {
+	pools, peers := movePools(t)
+	a, b := pools["a"], pools["b"]
+	id := newMovedVolume(t, a, "pvc-copy-fails", false)
+	must(t, a.vols.remove(imageName(id)))
+	if _, err := moveLocked(t, a, id, b, peers, MoveOptions{}); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("move without a source image = %v, want ErrCorrupt", err)
+	}
+	if hv, err := a.readHome(id); err != nil || hv.Move != nil {
+		t.Fatalf("after the failed copy the record is %+v, %v", hv, err)
+	}
+	if names, _ := b.vols.names(); len(names) != 0 {
+		t.Fatalf("the failed copy left %v in the target", names)
+	}
+}
+
+// mountXFS makes an xfs of size bytes in the file image and mounts it on
+// dir (a loop device, which the unmount releases) until the test ends.
+func mountXFS(t *testing.T, image, dir string, size int64) {
+	t.Helper()
+	f, err := os.Create(image)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = f.Truncate(size)
+	f.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("mkfs.xfs", "-q", image).CombinedOutput(); err != nil {
+		t.Fatalf("mkfs.xfs %s: %v: %s", image, err, out)
+	}
+	if out, err := exec.Command("mount", "-o", "loop", image, dir).CombinedOutput(); err != nil {
+		t.Fatalf("mount %s: %v: %s", image, err, out)
+	}
+	t.Cleanup(func() {
+		if out, err := exec.Command("umount", dir).CombinedOutput(); err != nil {
+			t.Errorf("umount %s: %v: %s", dir, err, out)
+		}
+	})
 }

@@ -19,7 +19,8 @@ import (
 )
 
 // movePools is one driver (--mode=all) serving two pools of one zone,
-// slow and fast, in two directories.
+// slow and fast, in two directories: both on the test's filesystem, or
+// fast on a loop-mounted xfs of its own (as a pool on another disk is).
 type movePools struct {
 	dir, slow, fast, kubelet string
 	d                        *driverproc.Driver
@@ -27,7 +28,7 @@ type movePools struct {
 	node                     csi.NodeClient
 }
 
-func newMovePools(t testing.TB) *movePools {
+func newMovePools(t testing.TB, fastXFS bool) *movePools {
 	t.Helper()
 	driverproc.RequireRoot(t)
 	m := &movePools{dir: t.TempDir()}
@@ -48,6 +49,9 @@ func newMovePools(t testing.TB) *movePools {
 			}
 		}
 	})
+	if fastXFS {
+		driverproc.MountReflinkXFS(t, filepath.Join(m.dir, "fast.xfs"), m.fast, 8*gib) // sparse
+	}
 	m.start(t)
 	return m
 }
@@ -122,10 +126,11 @@ func (m *movePools) wantOnlyIn(t *testing.T, id, in string) {
 }
 
 // TestModifyVolumeMovesPool: a filesystem volume written through a real
-// mount moves from slow to fast while detached, keeps its ID, and stages
+// mount moves from slow to fast (another filesystem: no reflink, no
+// copy_file_range between them) while detached, keeps its ID, and stages
 // again from fast with its data; moving it while staged is refused.
 func TestModifyVolumeMovesPool(t *testing.T) {
-	m := newMovePools(t)
+	m := newMovePools(t, true)
 	cap := mountCap(snw, "ext4")
 	id := m.create(t, "pvc-move", 64<<20, cap)
 	target := m.attach(t, id, cap)
@@ -170,9 +175,10 @@ func TestModifyVolumeMovesPool(t *testing.T) {
 // a 2 GiB volume from slow to fast, restarts it, and retries the modify:
 // the retry converges (the copy was not durable: rolled back, then made
 // again), the volume keeps its ID and every byte, and neither pool keeps
-// anything else of it.
+// anything else of it. fast is a filesystem of its own, as for a move to
+// another disk.
 func TestModifyVolumeKilledMidMove(t *testing.T) {
-	m := newMovePools(t)
+	m := newMovePools(t, true)
 	cap := blockCap(snw)
 	id := m.create(t, "pvc-kill-move", 2*gib, cap)
 	img := filepath.Join(m.slow, "volumes", hashOf(id)+".img")
@@ -253,7 +259,7 @@ func BenchmarkMove(b *testing.B) {
 	if freeBytes(b, os.TempDir()) < 3*size {
 		b.Skipf("%s has less than 3 GiB free", os.TempDir())
 	}
-	m := newMovePools(b)
+	m := newMovePools(b, false)
 	id := m.create(b, "pvc-bench-move", size, blockCap(snw))
 	img := filepath.Join(m.slow, "volumes", hashOf(id)+".img")
 	if out, err := exec.Command("dd", "if=/dev/urandom", "of="+img, "bs=4M", fmt.Sprint("count=", size/(4<<20)), "conv=notrunc,fsync", "status=none").CombinedOutput(); err != nil {
