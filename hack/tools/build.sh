@@ -2,16 +2,21 @@
 # Builds the real Kubernetes binaries that loopvol's tests run (by default
 # kube-apiserver and etcd, for envtest) and those of the one-node cluster
 # (internal/cluster) from the versions pinned in the go.mod files here:
-# go.mod (Kubernetes), etcd/, containerd/, runc/, provisioner/, attacher/
-# and pause/.
+# go.mod (Kubernetes, e2e.test, agnhost, ginkgo), etcd/, containerd/,
+# runc/, provisioner/, attacher/, snapshotter/ and pause/.
 #
 # Usage: hack/tools/build.sh [BIN_DIR] [NAME...]
 #   BIN_DIR  where the binaries go (default: <repo root>/bin)
 #   NAME     kube-apiserver, etcd, any k8s.io/kubernetes/cmd/<NAME>
 #            (kubelet, kubectl, kube-scheduler, kube-controller-manager, ...),
 #            containerd, containerd-shim-runc-v2, ctr, runc, csi-provisioner,
-#            csi-attacher, pause, or "cluster" for everything the one-node
-#            cluster and its tests run
+#            csi-attacher, csi-snapshotter, snapshot-controller, pause,
+#            e2e.test (the upstream Kubernetes e2e suite, `go test -c
+#            k8s.io/kubernetes/test/e2e`), ginkgo (the runner that runs it
+#            in parallel), agnhost (its test image's binary), "cluster"
+#            for everything the one-node cluster and its tests run, or
+#            "e2e-k8s" for what the upstream storage e2e suite adds to it
+#            (test/e2e-k8s)
 #            default: kube-apiserver etcd
 #
 # A cold build takes 10-15 minutes on 2 cores, so finished binaries are kept
@@ -31,6 +36,8 @@ for name in "$@"; do
 	if [[ $name == cluster ]]; then
 		names+=(etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl
 			containerd containerd-shim-runc-v2 ctr runc csi-provisioner csi-attacher pause)
+	elif [[ $name == e2e-k8s ]]; then
+		names+=(e2e.test ginkgo agnhost csi-snapshotter snapshot-controller)
 	else
 		names+=("$name")
 	fi
@@ -99,9 +106,10 @@ if command -v flock >/dev/null; then
 fi
 
 # describe NAME sets mod_dir, pkg, version, ldflags, tags, cgo, vflag,
-# cache_dir and eta for NAME.
+# gocmd, cache_dir and eta for NAME.
 describe() {
 	tags=""
+	gocmd=build
 	cgo=0
 	vflag=--version
 	cache_dir=$kube_cache
@@ -169,6 +177,53 @@ describe() {
 		cache_dir=$cache_root/csi-attacher-$version
 		eta="~2-4 minutes"
 		;;
+	csi-snapshotter | snapshot-controller)
+		# external-snapshotter: the sidecar and the cluster-wide
+		# controller that the e2e suite's snapshot specs need.
+		mod_dir=$here/snapshotter
+		local m=github.com/kubernetes-csi/external-snapshotter/v8
+		pkg=$m/cmd/$1
+		version=$(mod_version "$mod_dir/go.mod" $m)
+		ldflags="-s -w -X main.version=$version"
+		cache_dir=$cache_root/external-snapshotter-$version
+		eta="~2-4 minutes"
+		;;
+	e2e.test)
+		# The upstream e2e suite is a test binary: `go test -c` of the
+		# package, with the version ldflags of the other Kubernetes
+		# binaries (the suite logs and checks them). e2e.go pins the
+		# test files' imports.
+		mod_dir=$here
+		pkg=k8s.io/kubernetes/test/e2e
+		version=$kube_version
+		ldflags=$kube_ldflags
+		# -vet=off: go test would vet the suite's packages first, for nothing.
+		gocmd="test -c -vet=off"
+		eta="~10 minutes"
+		;;
+	ginkgo)
+		# The ginkgo CLI runs e2e.test in parallel processes (--procs),
+		# at the version e2e.test is built with.
+		mod_dir=$here
+		pkg=github.com/onsi/ginkgo/v2/ginkgo
+		version=$(mod_version "$here/go.mod" github.com/onsi/ginkgo/v2)
+		ldflags="-s -w"
+		vflag=version
+		cache_dir=$cache_root/ginkgo-$version
+		eta="~1 minute"
+		;;
+	agnhost)
+		# The suite's do-everything test image (hack/images wraps it);
+		# its version is the image tag the suite asks for, from the
+		# VERSION file beside its source.
+		mod_dir=$here
+		pkg=k8s.io/kubernetes/test/images/agnhost
+		version=$(cat "$(cd "$here" && GOWORK=off go list -mod=mod -m -f '{{.Dir}}' k8s.io/kubernetes)/test/images/agnhost/VERSION")
+		version=v${version#v}
+		ldflags="-s -w -X main.Version=${version#v}"
+		cache_dir=$cache_root/agnhost-$version
+		eta="~2-4 minutes"
+		;;
 	pause)
 		mod_dir=$here
 		pkg=./pause
@@ -180,7 +235,7 @@ describe() {
 		eta="seconds"
 		;;
 	*)
-		die "unknown tool '$1' (want etcd, a k8s.io/kubernetes/cmd name, containerd, containerd-shim-runc-v2, ctr, runc, csi-provisioner, csi-attacher, pause or cluster)"
+		die "unknown tool '$1' (want etcd, a k8s.io/kubernetes/cmd name, containerd, containerd-shim-runc-v2, ctr, runc, csi-provisioner, csi-attacher, csi-snapshotter, snapshot-controller, e2e.test, ginkgo, agnhost, pause, cluster or e2e-k8s)"
 		;;
 	esac
 	[[ -n $version ]] || die "no version of $1 in $mod_dir/go.mod"
@@ -208,6 +263,7 @@ put() {
 
 build() {
 	local name=$1 tmp start
+	# shellcheck disable=SC2086 # gocmd is "build" or "test -c -vet=off"
 	tmp=$cache_dir/.$name.build.$$
 	temps+=("$tmp")
 	log "building $name $version (first build takes $eta)..."
@@ -215,7 +271,7 @@ build() {
 	(
 		cd "$mod_dir"
 		GOWORK=off CGO_ENABLED=$cgo GOFLAGS="${GOFLAGS:+$GOFLAGS }-mod=mod" \
-			go build -trimpath -tags "$tags" -ldflags "$ldflags" -o "$tmp" "$pkg"
+			go $gocmd -trimpath -tags "$tags" -ldflags "$ldflags" -o "$tmp" "$pkg"
 	)
 	has_version "$name" "$tmp" "$version" ||
 		die "the freshly built $name does not report version $version"
