@@ -37,8 +37,9 @@ import (
 //  2. copy: under T's pool lock, T's space is checked and reserved (the
 //     image's size, or for a thin image its data, as for a clone), then the
 //     image is copied into T/.<hash>.img.moving with the sparse-aware copy
-//     of copy.go (copy_file_range of the data ranges, holes kept; a reflink
-//     where R and T share a filesystem that can), fsync'd;
+//     of copy.go (copy_file_range of the data ranges, holes kept, or reads
+//     and writes between two filesystems, where the kernel refuses it; a
+//     reflink where R and T share a filesystem that can), fsync'd;
 //  3. image: the temporary is renamed to T/<hash>.img, the directory
 //     fsync'd: from here on the copy is durable and the move only goes
 //     forward;
