@@ -257,6 +257,9 @@ func (p *Pool) MoveVolume(id VolumeID, to *Pool, peers Peers, opts MoveOptions) 
 		return nil, err
 	}
 	defer unlock()
+	if err := to.clearFor(id, p); err != nil {
+		return nil, err
+	}
 
 	hv := v
 	if from != p {
@@ -292,6 +295,42 @@ func (p *Pool) MoveVolume(id VolumeID, to *Pool, peers Peers, opts MoveOptions) 
 		return nil, err
 	}
 	return p.rollForward(id, hv, from, to, v, opts)
+}
+
+// clearFor makes sure this pool, the target of a move of volume id (home
+// pool home), holds nothing under the volume's file names before the
+// intent is written: FinishMove takes an image there for the move's own
+// durable copy, so a stranger there could be taken for it and the source
+// removed. An image without a record that holds no data (what a dead
+// CreateVolume of the same name leaves, which Sweep would reclaim and a
+// CreateVolume would replace) is removed, durably; an image with data, or
+// a record (other than the home record itself), is refused: loopvol did
+// not leave it there, and it is not loopvol's to destroy.
+func (to *Pool) clearFor(id VolumeID, home *Pool) error {
+	if to != home && to.exists(recordName(id)) {
+		return fmt.Errorf("pool %s has a record %s/%s under the name of volume %s, which moves there: move it aside and retry: %w",
+			to.Name, to.vols.path, recordName(id), id, ErrCorrupt)
+	}
+	f, _, err := to.vols.open(imageName(id), unix.O_RDONLY)
+	if errors.Is(err, fs.ErrNotExist) {
+		return to.vols.remove(moveTempName(id))
+	}
+	if err != nil {
+		return fmt.Errorf("pool %s, where volume %s moves: %w", to.Name, id, err)
+	}
+	_, seekErr := unix.Seek(int(f.Fd()), 0, unix.SEEK_DATA)
+	f.Close()
+	if !errors.Is(seekErr, unix.ENXIO) {
+		return fmt.Errorf("pool %s has an image %s/%s holding data under the name of volume %s, which moves there: move it aside and retry: %w",
+			to.Name, to.vols.path, imageName(id), id, ErrCorrupt)
+	}
+	if err := to.vols.remove(imageName(id)); err != nil {
+		return err
+	}
+	if err := to.vols.remove(moveTempName(id)); err != nil {
+		return err
+	}
+	return to.vols.sync()
 }
 
 // lockEnds takes the stem locks of id in from and to, those that are not

@@ -435,3 +435,58 @@ func mountXFS(t *testing.T, image, dir string, size int64) {
 		}
 	})
 }
+
+// TestMoveClearsTheTarget: what a dead CreateVolume of the same name left
+// in the target (an image without data, no record) is removed before the
+// intent, so a crash cannot make FinishMove take it for the move's copy; an
+// image with data or a record there is refused, and nothing changes.
+func TestMoveClearsTheTarget(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		plant   func(t *testing.T, dir string, id VolumeID)
+		refused bool
+	}{
+		{name: "empty orphan image → removed", plant: func(t *testing.T, dir string, id VolumeID) {
+			must(t, os.WriteFile(filepath.Join(dir, imageName(id)), nil, 0o600))
+			must(t, os.Truncate(filepath.Join(dir, imageName(id)), 8<<20))
+		}},
+		{name: "orphan image with data → refused", refused: true, plant: func(t *testing.T, dir string, id VolumeID) {
+			must(t, os.WriteFile(filepath.Join(dir, imageName(id)), []byte("someone's data"), 0o600))
+		}},
+		{name: "a record → refused", refused: true, plant: func(t *testing.T, dir string, id VolumeID) {
+			must(t, os.WriteFile(filepath.Join(dir, recordName(id)), []byte("{}"), 0o600))
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pools, peers := movePools(t)
+			a, b := pools["a"], pools["b"]
+			id := newMovedVolume(t, a, "pvc-clear", false)
+			tc.plant(t, filepath.Join(b.Path, volumesDir), id)
+			// A crash right after the intent: the retry must roll
+			// back, not forward onto the planted image.
+			_, err := moveLocked(t, a, id, b, peers, MoveOptions{AfterStep: func(s MoveStep) error {
+				if s == StepIntent {
+					return errCrash
+				}
+				return nil
+			}})
+			if tc.refused {
+				if !errors.Is(err, ErrCorrupt) {
+					t.Fatalf("move = %v, want ErrCorrupt", err)
+				}
+				if hv, err := a.readHome(id); err != nil || hv.Move != nil {
+					t.Fatalf("after the refusal the record is %+v, %v", hv, err)
+				}
+				return
+			}
+			if !errors.Is(err, errCrash) {
+				t.Fatalf("move = %v, want the injected crash", err)
+			}
+			r := a.SweepMoves(time.Now().Add(time.Hour), time.Minute, peers)
+			if len(r.Errors) != 0 || len(r.Finished) != 1 {
+				t.Fatalf("sweep: %+v", r)
+			}
+			checkVolumeIn(t, pools, peers, id, "a")
+		})
+	}
+}
