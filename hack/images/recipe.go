@@ -265,13 +265,14 @@ const e2eRegistry = "registry.k8s.io/e2e-test-images"
 // busyboxApplets are the commands the busybox images offer by name, as
 // links to /bin/busybox (Debian's busybox-static ships the binary only):
 // what shell scripts in test pods use, not the system tools (init,
-// modprobe, networking daemons).
+// modprobe, networking daemons). nsenter: the e2e suite's host-exec pods
+// (agnhost, hostPID) run commands on the node through it.
 var busyboxApplets = []string{
 	"[", "[[", "ash", "awk", "base64", "basename", "blockdev", "cat", "chgrp", "chmod", "chown",
 	"cmp", "cp", "cut", "date", "dd", "df", "diff", "dirname", "du", "echo", "egrep", "env",
 	"expr", "fallocate", "false", "fgrep", "find", "free", "fsfreeze", "fstrim", "grep", "gunzip",
 	"gzip", "head", "hexdump", "hostname", "id", "kill", "ln", "losetup", "ls", "md5sum",
-	"mkdir", "mkfifo", "mknod", "mktemp", "mount", "mv", "nc", "nproc", "od", "pidof", "printf",
+	"mkdir", "mkfifo", "mknod", "mktemp", "mount", "mv", "nc", "nproc", "nsenter", "od", "pidof", "printf",
 	"ps", "pwd", "readlink", "realpath", "rm", "rmdir", "sed", "seq", "sh", "sha1sum",
 	"sha256sum", "sha512sum", "sleep", "sort", "stat", "sync", "tail", "tar", "tee", "test",
 	"time", "timeout", "top", "touch", "tr", "true", "truncate", "uname", "umount", "uniq",
