@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -30,9 +31,15 @@ const methodModify = "/csi.v1.Controller/ControllerModifyVolume"
 // policy allows but the driver refuses (a pool it does not have) →
 // Infeasible with the driver's INVALID_ARGUMENT message and an Event,
 // called once; back to thick → recovered; a class that does not exist →
-// Pending, and applied as soon as it is created.
+// Pending, and applied as soon as it is created; last a class naming the
+// zone's other pool → the volume moved there (tiering), its ID kept.
 func TestModify(t *testing.T) {
-	r := newRig(t)
+	// A second pool in the rig driver's zone, for the move.
+	fastPool := filepath.Join(t.TempDir(), "fast")
+	if err := os.MkdirAll(fastPool, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	r := newRig(t, "--pool=e2e-fast="+fastPool)
 	// --retry-interval-start=200ms: the FAILED_PRECONDITION retry (final:
 	// at least 32 intervals) comes 6.4 s later, not 32 s. An infeasible
 	// class waits --retry-interval-max (5m): longer than the test, so it is
@@ -120,11 +127,28 @@ func TestModify(t *testing.T) {
 	r.createClass("later", map[string]string{"preallocate": "false"})
 	r.waitClaim("the pending class applied once created", claimName, v, modifiedTo(laterVAC))
 
+	// Tiering: a class naming the other pool of the zone moves the
+	// (detached) volume there; its ID, and so its PersistentVolume, stay.
+	fastVAC := r.createClass("fast", map[string]string{"pool": "e2e-fast", "preallocate": "false"})
+	r.setClaimClass(claimName, fastVAC)
+	r.waitClaim("moved to the fast pool", claimName, v, modifiedTo(fastVAC))
+	_, hash, _ := strings.Cut(v.handle, ".")
+	if _, err := os.Stat(filepath.Join(fastPool, "volumes", hash+".img")); err != nil {
+		t.Errorf("the image is not in the fast pool after the move: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(r.pool, "volumes", hash+".img")); !os.IsNotExist(err) {
+		t.Errorf("the image is still in the home pool after the move (%v)", err)
+	}
+	got, err := r.ctrl.ControllerGetVolume(r.ctx, &csi.ControllerGetVolumeRequest{VolumeId: v.handle})
+	if err != nil || got.GetVolume().GetCapacityBytes() != volumeSize {
+		t.Errorf("ControllerGetVolume of the moved volume by its ID: %v, %v", got, err)
+	}
+
 	m := r.scrape(s.metrics)
-	expectCount(t, "modifications applied", m.value("loopvol_resizer_modifies_total", nil), 4)
+	expectCount(t, "modifications applied", m.value("loopvol_resizer_modifies_total", nil), 5)
 	expectCount(t, "INVALID_ARGUMENT modify errors", m.value("loopvol_resizer_modify_errors_total", map[string]string{"grpc_status_code": "InvalidArgument"}), 1)
 	expectCount(t, "ControllerModifyVolume INVALID_ARGUMENT calls of the sidecar (no retry within --retry-interval-max)", m.sidecarCalls(methodModify, "InvalidArgument"), 1)
-	expectCount(t, "ControllerModifyVolume OK calls of the sidecar", m.sidecarCalls(methodModify, "OK"), 4)
+	expectCount(t, "ControllerModifyVolume OK calls of the sidecar", m.sidecarCalls(methodModify, "OK"), 5)
 	if n := m.sidecarCalls(methodModify, "FailedPrecondition"); n < 1 {
 		t.Errorf("ControllerModifyVolume FAILED_PRECONDITION calls: %g, want at least 1", n)
 	}
@@ -159,6 +183,7 @@ func (r *rig) createThinVolume(prefix, vac string) volume {
 		Name:               name,
 		CapacityRange:      &csi.CapacityRange{RequiredBytes: volumeSize},
 		VolumeCapabilities: []*csi.VolumeCapability{mountCapability()},
+		Parameters:         map[string]string{"pool": "e2e"}, // the rig's first pool, not the other one of the zone
 		MutableParameters:  map[string]string{"preallocate": "false"},
 	})
 	if err != nil {
