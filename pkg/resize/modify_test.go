@@ -1,6 +1,7 @@
 package resize
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"testing"
@@ -10,8 +11,11 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/klog/v2"
 
 	"github.com/loopvol/loopvol/internal/kube"
@@ -424,5 +428,26 @@ func TestModifyShouldEnqueue(t *testing.T) {
 				t.Errorf("shouldEnqueue = %v, want %v", got, tc.want)
 			}
 		})
+	}
+}
+
+// TestModifyProbeAPI: with ProbeAPI, an API server that does not serve
+// VolumeAttributesClasses leaves the controller idle: Run returns at once.
+func TestModifyProbeAPI(t *testing.T) {
+	f := newModFixture(t, nil, func(c *ModifyConfig) { c.ProbeAPI = true })
+	f.client.PrependReactor("list", "volumeattributesclasses", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, apierrors.NewNotFound(storagev1.Resource("volumeattributesclasses"), "")
+	})
+	ctx, cancel := context.WithCancel(f.ctx)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- f.c.Run(ctx) }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Run without the API: %v", err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("Run did not return without the VolumeAttributesClass API")
 	}
 }
