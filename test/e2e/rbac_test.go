@@ -8,10 +8,13 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"time"
 
+	authorizationv1 "k8s.io/api/authorization/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/yaml"
 
@@ -44,6 +47,12 @@ func bindRBACFiles(t *testing.T, ctx context.Context, client kubernetes.Interfac
 	}
 	rbac := client.RbacV1()
 	subjects := []rbacv1.Subject{subject}
+	var granted []grant
+	defer func() {
+		if !t.Failed() {
+			waitGranted(t, ctx, client, subject, granted)
+		}
+	}()
 	for _, file := range files {
 		data, err := os.ReadFile(filepath.Join(root, "deploy", "kubernetes", "base", file))
 		if err != nil {
@@ -77,6 +86,7 @@ func bindRBACFiles(t *testing.T, ctx context.Context, client kubernetes.Interfac
 					ignoreNotFound(t, rbac.ClusterRoleBindings().Delete(ctx, role.Name, metav1.DeleteOptions{}))
 					ignoreNotFound(t, rbac.ClusterRoles().Delete(ctx, role.Name, metav1.DeleteOptions{}))
 				})
+				granted = append(granted, grant{"", role.Rules})
 			case "Role":
 				var role rbacv1.Role
 				if err := yaml.UnmarshalStrict(doc, &role); err != nil {
@@ -100,9 +110,50 @@ func bindRBACFiles(t *testing.T, ctx context.Context, client kubernetes.Interfac
 					ignoreNotFound(t, rbac.RoleBindings(namespace).Delete(ctx, role.Name, metav1.DeleteOptions{}))
 					ignoreNotFound(t, rbac.Roles(namespace).Delete(ctx, role.Name, metav1.DeleteOptions{}))
 				})
+				granted = append(granted, grant{namespace, role.Rules})
 			case "":
 			default:
 				t.Fatalf("%s: unexpected kind %q in an RBAC file", file, head.Kind)
+			}
+		}
+	}
+}
+
+// grant is what one binding gives: rules, in namespace ("" cluster-wide).
+type grant struct {
+	namespace string
+	rules     []rbacv1.PolicyRule
+}
+
+// waitGranted waits until the API server's authorizer allows subject every
+// verb of every rule of granted (SubjectAccessReview). A binding takes
+// effect only once the authorizer's caches have seen it: a component
+// started at once could be refused its first calls (events, mostly, which
+// it does not retry), and the audit-log check of zz_rbac_test.go would
+// count them as rules missing from the shipped files.
+func waitGranted(t *testing.T, ctx context.Context, client kubernetes.Interface, subject rbacv1.Subject, granted []grant) {
+	t.Helper()
+	spec := authorizationv1.SubjectAccessReviewSpec{User: subject.Name}
+	if subject.Kind == rbacv1.ServiceAccountKind {
+		spec.User = "system:serviceaccount:" + subject.Namespace + ":" + subject.Name
+		spec.Groups = []string{"system:serviceaccounts", "system:serviceaccounts:" + subject.Namespace, "system:authenticated"}
+	}
+	for _, g := range granted {
+		for _, rule := range g.rules {
+			for _, verb := range rule.Verbs {
+				attrs := &authorizationv1.ResourceAttributes{Namespace: g.namespace, Verb: verb, Group: rule.APIGroups[0], Resource: rule.Resources[0]}
+				if len(rule.ResourceNames) > 0 {
+					attrs.Name = rule.ResourceNames[0]
+				}
+				sar := &authorizationv1.SubjectAccessReview{Spec: spec}
+				sar.Spec.ResourceAttributes = attrs
+				err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+					out, err := client.AuthorizationV1().SubjectAccessReviews().Create(ctx, sar, metav1.CreateOptions{})
+					return err == nil && out.Status.Allowed, nil
+				})
+				if err != nil {
+					t.Fatalf("the authorizer never allowed %s to %s %+v: %v", spec.User, verb, attrs, err)
+				}
 			}
 		}
 	}
