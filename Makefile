@@ -12,7 +12,7 @@ UNIT_PKGS := $(shell $(GO) list ./... | grep -v -e /test/ )
 .PHONY: help build tools run test test-fmt test-vet test-logcheck test-go test-sanity test-e2e bench clean
 
 help: ##@ Show this help.
-	@awk 'BEGIN {FS = ":.*##@ "} /^[a-zA-Z_-]+:.*##@ / {printf "  %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*##@ "} /^[a-zA-Z0-9_-]+:.*##@ / {printf "  %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 build: ##@ Build bin/driver and bin/attacher.
 	@echo "### build"
@@ -127,3 +127,27 @@ demo: cluster-images ##@ A real one-node cluster, loopvol deployed with kubectl 
 	@echo "### demo"
 	$(GO) build -o $(BIN)/demo ./hack/demo
 	$(BIN)/demo -repo $(CURDIR) -dir $(CLUSTER_DIR) -bin $(BIN) -images $(IMAGES_OUT) $(if $(KEEP),-keep)
+
+# The upstream Kubernetes storage e2e suite (docs/e2e-k8s.md): e2e.test
+# v1.37.2, external-snapshotter v8.7.0 and the suite's test images on the
+# one-node cluster in a network namespace of its own.
+E2E_K8S_IMAGES := agnhost,nginx,csi-snapshotter,snapshot-controller
+
+.PHONY: e2e-k8s-tools e2e-k8s-images test-e2e-k8s test-e2e-k8s-rest
+
+e2e-k8s-tools: cluster-tools ##@ Build e2e.test, agnhost, csi-snapshotter and snapshot-controller into bin/ (e2e.test ~10 minutes cold; cached).
+	@echo "### e2e-k8s-tools"
+	@hack/tools/build.sh $(BIN) e2e-k8s
+
+e2e-k8s-images: cluster-images e2e-k8s-tools ##@ make cluster-images plus the suite's images (agnhost, nginx, busybox by the names it asks for) and external-snapshotter's.
+	@echo "### e2e-k8s-images"
+	$(BIN)/images -bin $(STATIC) -tools $(BIN) -out $(IMAGES_OUT) -cache $(IMAGES_CACHE) -repo $(IMAGE_REPO) \
+		-tag $(IMAGE_TAG) -tag dev -created $(IMAGES_CREATED) -images $(E2E_K8S_IMAGES)
+
+test-e2e-k8s: e2e-k8s-images ##@ The storage e2e suite's External.Storage specs but Serial, Disruptive and Slow, on a real cluster (root; E2E_K8S_FOCUS/E2E_K8S_SKIP narrow it).
+	@echo "### test-e2e-k8s"
+	$(GO) test -count=1 -timeout 150m -v -run TestExternalStorage ./test/e2e-k8s/ 2>&1 | tee $(BIN)/e2e-k8s.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|e2e-k8s:)|e2e_test.go|cluster: (up|down)|^ *\|' ; exit $${PIPESTATUS[0]}
+
+test-e2e-k8s-rest: e2e-k8s-images ##@ The same suite's Serial, Disruptive and Slow External.Storage specs (root).
+	@echo "### test-e2e-k8s-rest"
+	E2E_K8S_SUITE=rest $(GO) test -count=1 -timeout 300m -v -run TestExternalStorage ./test/e2e-k8s/ 2>&1 | tee $(BIN)/e2e-k8s-rest.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|e2e-k8s:)|e2e_test.go|cluster: (up|down)|^ *\|' ; exit $${PIPESTATUS[0]}

@@ -1,0 +1,426 @@
+package e2ek8s
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net/url"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/loopvol/loopvol/internal/cluster"
+	"github.com/loopvol/loopvol/internal/testenv"
+)
+
+// Which part of the suite runs: E2E_K8S_SUITE=fast (the default: every
+// External.Storage spec but the Serial, Disruptive and Slow ones), rest
+// (only those) or all. E2E_K8S_FOCUS and E2E_K8S_SKIP narrow it further
+// (regular expressions on the spec names, as ginkgo's).
+const (
+	suiteEnv = "E2E_K8S_SUITE"
+	focusEnv = "E2E_K8S_FOCUS"
+	skipEnv  = "E2E_K8S_SKIP"
+	// E2E_K8S_PROCS is how many specs run at once (ginkgo --procs,
+	// default 4: most of a spec's time is waiting for pods and volumes).
+	procsEnv = "E2E_K8S_PROCS"
+)
+
+// slowTags are the spec tags the fast subset leaves out.
+const slowTags = `\[Serial\]|\[Disruptive\]|\[Slow\]`
+
+// images are the OCI archives of _output/images the cluster imports: the
+// cluster's (make cluster-images) and the suite's (make e2e-k8s-images).
+var images = []string{
+	"loopvol-node", "loopvol-controller", "csi-provisioner", "pause", "busybox",
+	"agnhost", "nginx", "csi-snapshotter", "snapshot-controller",
+}
+
+// snapshotterImage is the csi-snapshotter image hack/images builds, under
+// the name the component's image is renamed to.
+const snapshotterImage = "localhost/loopvol/csi-snapshotter:v8.7.0"
+
+// TestExternalStorage brings a cluster up in this network namespace,
+// deploys loopvol with the snapshotter component, the VolumeSnapshot CRDs
+// and the snapshot-controller, runs e2e.test's External.Storage specs
+// against test-driver.yaml, and reports each spec group's passed, failed
+// and skipped specs with the skip reasons. It fails if any spec failed.
+func TestExternalStorage(t *testing.T) {
+	focus, skip, err := selection()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The SELinux specs check that kubelet mounted with context=, which
+	// it does only on a node with SELinux enabled; this kernel has none.
+	if _, err := os.Stat("/sys/fs/selinux/enforce"); err != nil {
+		skip = join(skip, `\[Feature:SELinux\]`)
+		t.Log("SELinux is not enabled on this host: the [Feature:SELinux] specs are left out")
+	}
+	// This spec looks for the pod's volumes under /var/lib/kubelet (a
+	// path it does not take from -kubelet-root-dir) through nsenter into
+	// PID 1's mount namespace; the test cluster's kubelet directory is
+	// under its own directory, and the init of this kind of machine
+	// cannot be entered (Permission denied).
+	skip = join(skip, `volumeMode .*should not mount / map unused volumes in a pod`)
+	// ext4 grows online only through EXT4_IOC_RESIZE_FS, which needs
+	// CAP_SYS_RESOURCE; where root's bounding set lacks it (this kind of
+	// machine), no process has it, the node plugin included, and the
+	// volume grows at its next stage instead (docs/cluster.md).
+	if !hasSysResource() {
+		skip = join(skip, `\((default fs|ext4)\)\(allowExpansion\)\] volume-expand .*while pod is using it|`+
+			`Ephemeral-volume \((default fs|ext4)\).*should support expansion of pvcs created for ephemeral pvcs`)
+		t.Log("CAP_SYS_RESOURCE is not in this host's bounding set: ext4 cannot grow online, its online expansion specs are left out")
+	}
+	testenv.RequireLoopDevices(t)
+	root, err := testenv.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin, err := testenv.BinDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range []string{"e2e.test", "ginkgo", "kubectl"} {
+		if _, err := os.Stat(filepath.Join(bin, b)); err != nil {
+			t.Fatalf("%v (make test-e2e-k8s builds it)", err)
+		}
+	}
+	c := up(t, root, bin)
+	ctx := context.Background()
+	crds(ctx, t, c)
+	deploy(ctx, t, c, root)
+
+	report := filepath.Join(c.LogDir, "e2e-k8s")
+	if err := os.MkdirAll(report, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	procs := 4
+	if p := os.Getenv(procsEnv); p != "" {
+		if procs, err = strconv.Atoi(p); err != nil || procs < 1 {
+			t.Fatalf("%s=%q: want a number of processes", procsEnv, p)
+		}
+	}
+	args := []string{
+		// ginkgo's own flags: the specs in parallel processes (Serial
+		// ones alone at the end), the selection, no limit short of the
+		// test's own.
+		"--procs=" + strconv.Itoa(procs),
+		"--focus=" + focus,
+		"--skip=" + skip,
+		"--timeout=6h",
+		"--no-color",
+		"--silence-skips",
+		"-v",
+		filepath.Join(bin, "e2e.test"),
+		"--",
+		"-kubeconfig=" + c.Kubeconfig,
+		"-kubectl-path=" + filepath.Join(bin, "kubectl"),
+		"-provider=local",
+		// The suite looks for pods' volumes under kubelet's directory
+		// (through a host-exec pod), which is the cluster's own.
+		"-kubelet-root-dir=" + c.KubeletDir,
+		"-storage.testdriver=" + filepath.Join(root, "test", "e2e-k8s", "test-driver.yaml"),
+		"-report-dir=" + report,
+		// No ssh to the node: nothing to collect logs with (the
+		// cluster's logs are kept under LogDir).
+		"-disable-log-dump",
+		"-dump-logs-on-failure=false",
+	}
+	t.Logf("ginkgo %s (log: %s)", strings.Join(args, " "), filepath.Join(report, "e2e.log"))
+	start := time.Now()
+	runErr := run(ctx, t, filepath.Join(bin, "ginkgo"), args, filepath.Join(report, "e2e.log"))
+	elapsed := time.Since(start)
+
+	files, _ := filepath.Glob(filepath.Join(report, "junit_*.xml"))
+	if len(files) == 0 {
+		t.Fatalf("e2e.test wrote no JUnit report (%v); see %s", runErr, filepath.Join(report, "e2e.log"))
+	}
+	specs, err := readJUnit(files, cluster.DriverName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "e2e.test ran for %s in %d processes: focus %q, skip %q\n\n", elapsed.Round(time.Second), procs, focus, skip)
+	table(&b, specs)
+	for _, o := range []outcome{failed, skipped} {
+		if rs := reasons(specs, o); len(rs) > 0 {
+			fmt.Fprintf(&b, "\n%s, by reason:\n%s\n", o, strings.Join(rs, "\n"))
+		}
+	}
+	b.WriteString("\nfailed specs:\n")
+	for _, s := range specs {
+		if s.outcome == failed {
+			fmt.Fprintf(&b, "  %s (%s)\n    %s\n", s.name, s.time.Round(time.Second), s.reason)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(report, "summary.md"), []byte(b.String()), 0o644); err != nil {
+		t.Error(err)
+	}
+	t.Log("\n" + b.String())
+	_, total := summarize(specs)
+	// The closing line CI counts.
+	fmt.Printf("e2e-k8s: %d passed, %d failed, %d skipped\n", total.pass, total.fail, total.skip)
+	if total.fail > 0 {
+		t.Errorf("%d specs failed (log: %s)", total.fail, filepath.Join(report, "e2e.log"))
+	} else if runErr != nil {
+		t.Errorf("e2e.test: %v (log: %s)", runErr, filepath.Join(report, "e2e.log"))
+	}
+	if total.pass == 0 {
+		t.Error("no spec passed: nothing was tested")
+	}
+}
+
+// selection returns ginkgo's focus and skip for E2E_K8S_SUITE.
+func selection() (focus, skip string, err error) {
+	focus, skip = `External.Storage`, ""
+	switch s := os.Getenv(suiteEnv); s {
+	case "", "fast":
+		skip = slowTags
+	case "rest":
+		focus = `External.Storage.*(` + slowTags + `)`
+	case "all":
+	default:
+		return "", "", fmt.Errorf("%s=%q: want fast, rest or all", suiteEnv, s)
+	}
+	if f := os.Getenv(focusEnv); f != "" {
+		focus = `(` + focus + `).*(` + f + `)`
+	}
+	if s := os.Getenv(skipEnv); s != "" {
+		skip = join(skip, s)
+	}
+	return focus, skip, nil
+}
+
+// hasSysResource tells whether CAP_SYS_RESOURCE is in this process's
+// bounding set (/proc/self/status CapBnd).
+func hasSysResource() bool {
+	status, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return true
+	}
+	for _, l := range strings.Split(string(status), "\n") {
+		if v, ok := strings.CutPrefix(l, "CapBnd:"); ok {
+			bnd, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
+			return err != nil || bnd&(1<<24) != 0 // CAP_SYS_RESOURCE is 24
+		}
+	}
+	return true
+}
+
+// join adds the alternative re to the regular expression skip.
+func join(skip, re string) string {
+	if skip == "" {
+		return re
+	}
+	return skip + "|" + re
+}
+
+// up brings the cluster up under a temporary directory with the images
+// the suite needs, and tears it down when the test ends.
+func up(t *testing.T, root, bin string) *cluster.Cluster {
+	t.Helper()
+	var archives []string
+	for _, i := range images {
+		archives = append(archives, filepath.Join(root, "_output", "images", i+".tar"))
+	}
+	// Not t.TempDir: its removal would come after ours and find nothing
+	// to do, but a failed teardown must not make it descend into mounts.
+	dir, err := os.MkdirTemp("", "loopvol-e2e-k8s-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := cluster.Up(context.Background(), cluster.Config{Dir: dir, BinDir: bin, Images: archives, NodeIP: cluster.NetNSNodeIP(), Out: testWriter{t}})
+	if err != nil {
+		t.Fatalf("cluster up (make test-e2e-k8s builds the binaries and images): %v", err)
+	}
+	// Interrupted (Ctrl-C, a CI job cancelled): tear down before exiting;
+	// t.Cleanup would not run.
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		if _, ok := <-sig; ok {
+			fmt.Fprintln(os.Stderr, "interrupted: tearing the cluster down")
+			_ = c.Down(context.Background())
+			os.Exit(1)
+		}
+	}()
+	t.Cleanup(func() {
+		signal.Stop(sig)
+		if err := c.Down(context.Background()); err != nil {
+			t.Errorf("teardown left something behind: %v (state in %s)", err, dir)
+			return
+		}
+		if t.Failed() {
+			t.Logf("logs kept in %s", c.LogDir)
+			return
+		}
+		os.RemoveAll(dir)
+	})
+	return c
+}
+
+// crds applies the VolumeSnapshot CRDs from the module cache: those of
+// external-snapshotter's client module that hack/tools/snapshotter/go.mod
+// pins (config/crd), and waits until they are served.
+func crds(ctx context.Context, t *testing.T, c *cluster.Cluster) {
+	t.Helper()
+	root, err := testenv.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.CommandContext(ctx, "go", "list", "-mod=mod", "-m", "-f", "{{.Dir}}", "github.com/kubernetes-csi/external-snapshotter/client/v8")
+	cmd.Dir = filepath.Join(root, "hack", "tools", "snapshotter")
+	cmd.Env = append(os.Environ(), "GOWORK=off", "GOFLAGS=-mod=mod")
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("the VolumeSnapshot CRDs' module (hack/tools/build.sh csi-snapshotter downloads it): %v", err)
+	}
+	dir := filepath.Join(strings.TrimSpace(string(out)), "config", "crd")
+	if o, err := c.Kubectl(ctx, "apply", "--server-side", "-k", dir); err != nil {
+		t.Fatalf("VolumeSnapshot CRDs from %s: %v\n%s", dir, err, o)
+	}
+	if o, err := c.Kubectl(ctx, "wait", "--for=condition=Established", "--timeout=60s",
+		"crd/volumesnapshots.snapshot.storage.k8s.io", "crd/volumesnapshotcontents.snapshot.storage.k8s.io",
+		"crd/volumesnapshotclasses.snapshot.storage.k8s.io"); err != nil {
+		t.Fatalf("VolumeSnapshot CRDs not established: %v\n%s", err, o)
+	}
+	t.Logf("VolumeSnapshot CRDs applied from %s", dir)
+}
+
+// deploy applies overlays/local with the snapshotter component, as a
+// user's overlay would, and the snapshot-controller, with the local
+// cluster's settings for the containers the overlay does not know of:
+// the imported images, the apiserver on loopback.
+func deploy(ctx context.Context, t *testing.T, c *cluster.Cluster, root string) {
+	t.Helper()
+	local, err := c.Overlay(filepath.Join(root, "deploy", "kubernetes", "overlays", "local"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	u, err := url.Parse(c.Server)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(filepath.Dir(local), "deploy-e2e-k8s")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	rel := func(p string) string {
+		r, err := filepath.Rel(dir, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	name, tag, _ := strings.Cut(snapshotterImage, ":")
+	k := fmt.Sprintf(`# Generated by test/e2e-k8s: the cluster's overlay with snapshots, and the snapshot-controller.
+apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources:
+  - %[1]s
+  - %[2]s
+components:
+  - %[3]s
+images:
+  - name: registry.k8s.io/sig-storage/csi-snapshotter
+    newName: %[4]s
+    newTag: %[5]s
+patches:
+  - patch: |-
+      apiVersion: apps/v1
+      kind: StatefulSet
+      metadata: {name: loopvol-controller, namespace: loopvol}
+      spec:
+        template:
+          spec:
+            containers:
+              - name: csi-snapshotter
+                imagePullPolicy: Never
+                env:
+                  - {name: KUBERNETES_SERVICE_HOST, value: %[6]s}
+                  - {name: KUBERNETES_SERVICE_PORT, value: "%[7]s"}
+  - patch: |-
+      apiVersion: apps/v1
+      kind: Deployment
+      metadata: {name: snapshot-controller, namespace: kube-system}
+      spec:
+        template:
+          spec:
+            containers:
+              - name: snapshot-controller
+                env:
+                  - {name: KUBERNETES_SERVICE_HOST, value: %[6]s}
+                  - {name: KUBERNETES_SERVICE_PORT, value: "%[7]s"}
+`, rel(local), rel(filepath.Join(root, "test", "e2e-k8s", "snapshot-controller")),
+		rel(filepath.Join(root, "deploy", "kubernetes", "components", "snapshotter")), name, tag, u.Hostname(), u.Port())
+	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(k), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Deploy(ctx, dir); err != nil {
+		t.Fatalf("deploy: %v", err)
+	}
+	if err := c.Wait(ctx, "Deployment kube-system/snapshot-controller available", 3*time.Minute, func(ctx context.Context) (bool, error) {
+		d, err := c.Client.AppsV1().Deployments("kube-system").Get(ctx, "snapshot-controller", metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		return d.Status.ObservedGeneration == d.Generation && d.Status.AvailableReplicas == 1, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// run runs e2e.test, its output into logFile; each finished spec's line
+// is also logged, so a long run shows its progress.
+func run(ctx context.Context, t *testing.T, exe string, args []string, logFile string) error {
+	t.Helper()
+	f, err := os.Create(logFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	pr, pw := io.Pipe()
+	cmd := exec.CommandContext(ctx, exe, args...)
+	cmd.Stdout, cmd.Stderr = pw, pw
+	// Its own process group: an interrupt reaches it through ours, and
+	// nothing it started outlives it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM) }
+	cmd.WaitDelay = time.Minute
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		sc := bufio.NewScanner(pr)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for sc.Scan() {
+			line := sc.Text()
+			fmt.Fprintln(f, line)
+			// ginkgo -v ends each spec with "• [12.345 seconds]" (passed),
+			// "S [SKIPPED] ..." or "• [FAILED] ...", then the spec's name.
+			if strings.HasPrefix(line, "• [FAILED]") || strings.HasPrefix(line, "• [PANICKED]") || strings.HasPrefix(line, "• [TIMEDOUT]") {
+				t.Log(line)
+			}
+		}
+		io.Copy(io.Discard, pr)
+	}()
+	err = cmd.Run()
+	pw.Close()
+	<-done
+	return err
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
