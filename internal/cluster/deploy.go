@@ -10,6 +10,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
 )
 
 // DriverName is the CSI driver loopvol registers.
@@ -19,7 +20,10 @@ const DriverName = "loopvol.csi.io"
 const Namespace = "loopvol"
 
 // PoolDir is the directory of the pool "default" (<Dir>/pools/default).
-func (c *Cluster) PoolDir() string { return filepath.Join(c.cfg.Dir, "pools", "default") }
+func (c *Cluster) PoolDir() string { return c.PoolDirOf("default") }
+
+// PoolDirOf is the host directory of the pool name (<Dir>/pools/<name>).
+func (c *Cluster) PoolDirOf(name string) string { return filepath.Join(c.cfg.Dir, "pools", name) }
 
 // Overlay writes <Dir>/deploy/kustomization.yaml: local (the path of
 // deploy/kubernetes/overlays/local) with only what must differ on this
@@ -27,8 +31,11 @@ func (c *Cluster) PoolDir() string { return filepath.Join(c.cfg.Dir, "pools", "d
 // loopvol-node-settings, and the base's replacements that put it into the
 // node pods, repeated: a base's replacements are done before an overlay
 // changes the ConfigMap), the pool's host directory under Dir, and the
-// apiserver's port when it is not 6443. It returns the directory.
-func (c *Cluster) Overlay(local string) (string, error) {
+// apiserver's port when it is not 6443. Each of extraPools is one more
+// pool of the zone "default" for both sides of the driver (--pool, a host
+// directory <Dir>/pools/<name>), for tests that move volumes between
+// pools. It returns the directory.
+func (c *Cluster) Overlay(local string, extraPools ...string) (string, error) {
 	dir := filepath.Join(c.cfg.Dir, "deploy")
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", err
@@ -93,6 +100,23 @@ patches:
 			for _, ctr := range w.api {
 				fmt.Fprintf(&b, "              - name: %s\n                env:\n                  - {name: KUBERNETES_SERVICE_PORT, value: \"%d\"}\n", ctr, c.cfg.APIPort)
 			}
+		}
+	}
+	for _, name := range extraPools {
+		if errs := validation.IsDNS1123Label(name); len(errs) > 0 || name == "default" {
+			return "", fmt.Errorf("extra pool %q: want a DNS-1123 label other than default (%v)", name, errs)
+		}
+		// JSON patches: an argument appended to the driver's list, which
+		// a strategic merge would replace whole. The test ops make a
+		// reordered base fail here instead of patching another container.
+		for _, kind := range []struct{ kind, name string }{{"StatefulSet", "loopvol-controller"}, {"DaemonSet", "loopvol-node"}} {
+			fmt.Fprintf(&b, `  - target: {kind: %s, name: %s}
+    patch: |-
+      - {op: test, path: /spec/template/spec/containers/0/name, value: driver}
+      - {op: add, path: /spec/template/spec/containers/0/args/-, value: "--pool=%s=/var/lib/loopvol/pools/%s"}
+      - {op: add, path: /spec/template/spec/containers/0/volumeMounts/-, value: {name: pool-%s, mountPath: /var/lib/loopvol/pools/%s}}
+      - {op: add, path: /spec/template/spec/volumes/-, value: {name: pool-%s, hostPath: {path: %s, type: DirectoryOrCreate}}}
+`, kind.kind, kind.name, name, name, name, name, name, c.PoolDirOf(name))
 		}
 	}
 	out := b.String()

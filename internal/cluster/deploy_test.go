@@ -91,3 +91,64 @@ func TestOverlay(t *testing.T) {
 		}
 	}
 }
+
+// TestOverlayExtraPools: an extra pool reaches both drivers as a --pool
+// argument and a host directory under the cluster's, and a bad name is
+// refused.
+func TestOverlayExtraPools(t *testing.T) {
+	_, file, _, _ := runtime.Caller(0)
+	local := filepath.Join(filepath.Dir(file), "..", "..", "deploy", "kubernetes", "overlays", "local")
+	dir := t.TempDir()
+	c := &Cluster{cfg: Config{Dir: dir, APIPort: DefaultAPIPort}, KubeletDir: filepath.Join(dir, "kubelet")}
+	for _, bad := range []string{"default", "Fast", "a/b"} {
+		if _, err := c.Overlay(local, bad); err == nil {
+			t.Errorf("extra pool %q accepted", bad)
+		}
+	}
+	overlay, err := c.Overlay(local, "fast")
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := krusty.MakeKustomizer(krusty.MakeDefaultOptions()).Run(filesys.MakeFsOnDisk(), overlay)
+	if err != nil {
+		t.Fatalf("kustomize build %s: %v", overlay, err)
+	}
+	checked := 0
+	for _, r := range res.Resources() {
+		if k := r.GetKind(); k != "DaemonSet" && k != "StatefulSet" {
+			continue
+		}
+		y, err := r.AsYAML()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var obj struct {
+			Spec struct {
+				Template corev1.PodTemplateSpec `json:"template"`
+			} `json:"spec"`
+		}
+		if err := yaml.Unmarshal(y, &obj); err != nil {
+			t.Fatal(err)
+		}
+		spec := obj.Spec.Template.Spec
+		driver := spec.Containers[0]
+		if driver.Name != "driver" || !slices.Contains(driver.Args, "--pool=fast=/var/lib/loopvol/pools/fast") ||
+			!slices.Contains(driver.Args, "--pool=default=/var/lib/loopvol/pools/default") {
+			t.Errorf("%s: driver args %v lack both pools", r.GetKind(), driver.Args)
+		}
+		if !slices.ContainsFunc(driver.VolumeMounts, func(m corev1.VolumeMount) bool {
+			return m.Name == "pool-fast" && m.MountPath == "/var/lib/loopvol/pools/fast"
+		}) {
+			t.Errorf("%s: no mount of pool-fast", r.GetKind())
+		}
+		if !slices.ContainsFunc(spec.Volumes, func(v corev1.Volume) bool {
+			return v.Name == "pool-fast" && v.HostPath != nil && v.HostPath.Path == c.PoolDirOf("fast")
+		}) {
+			t.Errorf("%s: no host directory %s", r.GetKind(), c.PoolDirOf("fast"))
+		}
+		checked++
+	}
+	if checked != 2 {
+		t.Fatalf("%d workloads checked, want the DaemonSet and the StatefulSet", checked)
+	}
+}

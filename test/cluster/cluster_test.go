@@ -19,6 +19,11 @@ import (
 	"github.com/loopvol/loopvol/internal/testenv"
 )
 
+// extraPools are pools of the zone "default" beside "default" itself, on
+// both sides of the driver: the VolumeAttributesClass scenario moves a
+// volume to one of them.
+var extraPools = []string{"fast"}
+
 // images are the OCI archives `make images cluster-images` writes.
 var images = []string{"loopvol-node", "loopvol-controller", "csi-provisioner", "csi-attacher", "pause", "busybox"}
 
@@ -74,7 +79,7 @@ func up(t *testing.T) *cluster.Cluster {
 		}
 		os.RemoveAll(dir)
 	})
-	overlay, err := c.Overlay(filepath.Join(root, "deploy", "kubernetes", "overlays", "local"))
+	overlay, err := c.Overlay(filepath.Join(root, "deploy", "kubernetes", "overlays", "local"), extraPools...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,6 +107,7 @@ func TestCluster(t *testing.T) {
 	t.Run("Expansion", func(t *testing.T) { testExpansion(t, c) })
 	t.Run("NodePluginRestart", func(t *testing.T) { testNodePluginRestart(t, c) })
 	t.Run("BulkProvisioning", func(t *testing.T) { testBulkProvisioning(t, c) })
+	t.Run("VolumeAttributesClass", func(t *testing.T) { testVolumeAttributesClass(t, c) })
 	// Before RBAC: upstream's attacher's log is searched for "forbidden" too.
 	t.Run("Switching", func(t *testing.T) { testSwitching(t, c) })
 	// After the others: their logs are searched for "forbidden".

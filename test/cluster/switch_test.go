@@ -34,7 +34,7 @@ func testSwitching(t *testing.T, c *cluster.Cluster) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ours, err := c.Overlay(filepath.Join(root, "deploy", "kubernetes", "overlays", "local"))
+	ours, err := c.Overlay(filepath.Join(root, "deploy", "kubernetes", "overlays", "local"), extraPools...)
 	if err != nil {
 		t.Fatal(err)
 	}
