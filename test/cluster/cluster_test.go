@@ -2,12 +2,9 @@ package cluster
 
 import (
 	"context"
-	"fmt"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -16,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/loopvol/loopvol/internal/cluster"
+	"github.com/loopvol/loopvol/internal/cluster/clustertest"
 	"github.com/loopvol/loopvol/internal/testenv"
 )
 
@@ -41,44 +39,8 @@ func up(t *testing.T) *cluster.Cluster {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var archives []string
-	for _, i := range images {
-		archives = append(archives, filepath.Join(root, "_output", "images", i+".tar"))
-	}
-	// Not t.TempDir: its removal would come after ours and find nothing
-	// to do, but a failed teardown must not make it descend into mounts.
-	dir, err := os.MkdirTemp("", "loopvol-cluster-")
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := clustertest.Up(t, "loopvol-cluster-", root, bin, "`make test-cluster`", images)
 	ctx := context.Background()
-	c, err := cluster.Up(ctx, cluster.Config{Dir: dir, BinDir: bin, Images: archives, NodeIP: cluster.NetNSNodeIP(), Out: testWriter{t}})
-	if err != nil {
-		t.Fatalf("cluster up (`make test-cluster` builds the binaries and images): %v", err)
-	}
-	// Interrupted (Ctrl-C, a CI job cancelled): tear down before exiting;
-	// t.Cleanup would not run.
-	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
-	go func() {
-		if _, ok := <-sig; ok {
-			fmt.Fprintln(os.Stderr, "interrupted: tearing the cluster down")
-			_ = c.Down(context.Background())
-			os.Exit(1)
-		}
-	}()
-	t.Cleanup(func() {
-		signal.Stop(sig)
-		if err := c.Down(context.Background()); err != nil {
-			t.Errorf("teardown left something behind: %v (state in %s)", err, dir)
-			return
-		}
-		if t.Failed() {
-			t.Logf("logs kept in %s", c.LogDir)
-			return
-		}
-		os.RemoveAll(dir)
-	})
 	overlay, err := c.Overlay(filepath.Join(root, "deploy", "kubernetes", "overlays", "local"), extraPools...)
 	if err != nil {
 		t.Fatal(err)
@@ -87,13 +49,6 @@ func up(t *testing.T) *cluster.Cluster {
 		t.Fatalf("deploy: %v", err)
 	}
 	return c
-}
-
-type testWriter struct{ t *testing.T }
-
-func (w testWriter) Write(p []byte) (int, error) {
-	w.t.Log(strings.TrimRight(string(p), "\n"))
-	return len(p), nil
 }
 
 // TestCluster runs the scenarios on one cluster, one after another.

@@ -8,7 +8,6 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
-	"os/signal"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -19,6 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/loopvol/loopvol/internal/cluster"
+	"github.com/loopvol/loopvol/internal/cluster/clustertest"
 	"github.com/loopvol/loopvol/internal/testenv"
 )
 
@@ -94,7 +94,7 @@ func TestExternalStorage(t *testing.T) {
 			t.Fatalf("%v (make test-e2e-k8s builds it)", err)
 		}
 	}
-	c := up(t, root, bin)
+	c := clustertest.Up(t, "loopvol-e2e-k8s-", root, bin, "make test-e2e-k8s", images)
 	ctx := context.Background()
 	crds(ctx, t, c)
 	deploy(ctx, t, c, root)
@@ -222,50 +222,6 @@ func join(skip, re string) string {
 		return re
 	}
 	return skip + "|" + re
-}
-
-// up brings the cluster up under a temporary directory with the images
-// the suite needs, and tears it down when the test ends.
-func up(t *testing.T, root, bin string) *cluster.Cluster {
-	t.Helper()
-	var archives []string
-	for _, i := range images {
-		archives = append(archives, filepath.Join(root, "_output", "images", i+".tar"))
-	}
-	// Not t.TempDir: its removal would come after ours and find nothing
-	// to do, but a failed teardown must not make it descend into mounts.
-	dir, err := os.MkdirTemp("", "loopvol-e2e-k8s-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := cluster.Up(context.Background(), cluster.Config{Dir: dir, BinDir: bin, Images: archives, NodeIP: cluster.NetNSNodeIP(), Out: testWriter{t}})
-	if err != nil {
-		t.Fatalf("cluster up (make test-e2e-k8s builds the binaries and images): %v", err)
-	}
-	// Interrupted (Ctrl-C, a CI job cancelled): tear down before exiting;
-	// t.Cleanup would not run.
-	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
-	go func() {
-		if _, ok := <-sig; ok {
-			fmt.Fprintln(os.Stderr, "interrupted: tearing the cluster down")
-			_ = c.Down(context.Background())
-			os.Exit(1)
-		}
-	}()
-	t.Cleanup(func() {
-		signal.Stop(sig)
-		if err := c.Down(context.Background()); err != nil {
-			t.Errorf("teardown left something behind: %v (state in %s)", err, dir)
-			return
-		}
-		if t.Failed() {
-			t.Logf("logs kept in %s", c.LogDir)
-			return
-		}
-		os.RemoveAll(dir)
-	})
-	return c
 }
 
 // crds applies the VolumeSnapshot CRDs from the module cache: those of
@@ -416,11 +372,4 @@ func run(ctx context.Context, t *testing.T, exe string, args []string, logFile s
 	pw.Close()
 	<-done
 	return err
-}
-
-type testWriter struct{ t *testing.T }
-
-func (w testWriter) Write(p []byte) (int, error) {
-	w.t.Log(strings.TrimRight(string(p), "\n"))
-	return len(p), nil
 }

@@ -6,29 +6,11 @@
 package e2ek8s
 
 import (
-	"fmt"
-	"os"
 	"testing"
 
-	"github.com/loopvol/loopvol/internal/cluster"
+	"github.com/loopvol/loopvol/internal/cluster/clustertest"
 )
 
-// TestMain runs the tests in a network namespace of their own, with a
-// Node address that exists only there (cluster.InNetNS): the suite execs
-// into its pods (kubelet must serve on an address that is not loopback)
-// and its pods need a pod network, and nothing is reachable from outside.
-// Without root the tests skip themselves, in the host's network.
-func TestMain(m *testing.M) {
-	if os.Geteuid() != 0 {
-		os.Exit(m.Run())
-	}
-	code, child, err := cluster.InNetNS(cluster.DefaultNodeIP)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	if !child {
-		os.Exit(code)
-	}
-	os.Exit(m.Run())
-}
+// TestMain runs the tests in a network namespace of their own
+// (clustertest.Main).
+func TestMain(m *testing.M) { clustertest.Main(m) }
