@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -303,8 +305,11 @@ func (c *Cluster) unmountAll() error {
 }
 
 // detachLoops detaches the loop devices whose backing files lie under Dir
-// (volumes the node plugin staged and never unstaged).
+// (volumes the node plugin staged and never unstaged): by path, or, for a
+// device the node plugin attached in its container, by device and inode
+// of a file under Dir/pools.
 func (c *Cluster) detachLoops() error {
+	under := c.filesUnder(filepath.Join(c.cfg.Dir, "pools"))
 	files, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
 	var errs []error
 	for _, f := range files {
@@ -313,15 +318,55 @@ func (c *Cluster) detachLoops() error {
 			continue
 		}
 		back := strings.TrimSuffix(strings.TrimSpace(string(b)), " (deleted)")
-		if back != c.cfg.Dir && !strings.HasPrefix(back, c.cfg.Dir+"/") {
+		dev := "/dev/" + filepath.Base(filepath.Dir(filepath.Dir(f)))
+		if back != c.cfg.Dir && !strings.HasPrefix(back, c.cfg.Dir+"/") && !backedByOneOf(dev, under) {
 			continue
 		}
-		dev := "/dev/" + filepath.Base(filepath.Dir(filepath.Dir(f)))
 		if out, err := exec.Command("losetup", "-d", dev).CombinedOutput(); err != nil {
 			errs = append(errs, fmt.Errorf("losetup -d %s (%s): %w: %s", dev, back, err, strings.TrimSpace(string(out))))
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// fileID is a file's device and inode.
+type fileID struct{ dev, ino uint64 }
+
+// filesUnder are the regular files below dir (no link followed). A loop
+// device attached by a node plugin in its container prints its backing
+// file by the container's path ("/volumes/<hash>.img"), so the path alone
+// does not tell that it is one of this cluster's: its device and inode do.
+func (c *Cluster) filesUnder(dir string) map[fileID]bool {
+	ids := map[fileID]bool{}
+	_ = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || !d.Type().IsRegular() {
+			return nil
+		}
+		var st unix.Stat_t
+		if unix.Lstat(p, &st) == nil {
+			ids[fileID{uint64(st.Dev), st.Ino}] = true
+		}
+		return nil
+	})
+	return ids
+}
+
+// backedByOneOf reports whether the loop device dev's backing file is one
+// of ids (LOOP_GET_STATUS64).
+func backedByOneOf(dev string, ids map[fileID]bool) bool {
+	if len(ids) == 0 {
+		return false
+	}
+	f, err := os.OpenFile(dev, os.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	info, err := unix.IoctlLoopGetStatus64(int(f.Fd()))
+	if err != nil {
+		return false
+	}
+	return ids[fileID{info.Device, info.Inode}]
 }
 
 // removeTree removes dir unless something is still mounted below it
