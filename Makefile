@@ -103,17 +103,18 @@ test-images: ##@ hack/images' tests: both image recipes agree; the node image ru
 	$(GO) -C hack/images test -count=1 .
 
 # The one-node cluster (docs/cluster.md): kube-controller-manager,
-# kube-scheduler, kubelet, kubectl, containerd, runc, csi-provisioner and
-# pause beside kube-apiserver and etcd; the provisioner and pause images.
+# kube-scheduler, kubelet, kubectl, containerd, runc, csi-provisioner,
+# csi-attacher, external-snapshotter and pause beside kube-apiserver and etcd;
+# their images.
 CLUSTER_DIR ?= $(RUN)/cluster
 
 .PHONY: cluster-tools cluster-images demo test-cluster
 
-cluster-tools: ##@ Build everything the one-node cluster runs into bin/ (once; cached in ~/.cache/loopvol/tools).
+cluster-tools: ##@ Build everything the one-node cluster and its tests run into bin/, external-snapshotter too (once; cached in ~/.cache/loopvol/tools).
 	@echo "### cluster-tools"
 	@hack/tools/build.sh $(BIN) cluster
 
-cluster-images: static cluster-tools ##@ make images plus the csi-provisioner and pause images (OCI archives for containerd).
+cluster-images: static cluster-tools ##@ make images plus the cluster's tool images: csi-provisioner, csi-attacher, csi-snapshotter, snapshot-controller, pause, busybox (OCI archives for containerd).
 	@echo "### cluster-images"
 	$(GO) -C hack/images build -o $(BIN)/images .
 	$(BIN)/images -bin $(STATIC) -tools $(BIN) -out $(IMAGES_OUT) -cache $(IMAGES_CACHE) -repo $(IMAGE_REPO) \
@@ -131,15 +132,15 @@ demo: cluster-images ##@ A real one-node cluster, loopvol deployed with kubectl 
 # The upstream Kubernetes storage e2e suite (docs/e2e-k8s.md): e2e.test
 # v1.37.2, external-snapshotter v8.7.0 and the suite's test images on the
 # one-node cluster in a network namespace of its own.
-E2E_K8S_IMAGES := agnhost,nginx,csi-snapshotter,snapshot-controller
+E2E_K8S_IMAGES := agnhost,nginx
 
 .PHONY: e2e-k8s-tools e2e-k8s-images test-e2e-k8s test-e2e-k8s-rest
 
-e2e-k8s-tools: cluster-tools ##@ Build e2e.test, agnhost, csi-snapshotter and snapshot-controller into bin/ (e2e.test ~10 minutes cold; cached).
+e2e-k8s-tools: cluster-tools ##@ Build e2e.test, ginkgo and agnhost into bin/ (e2e.test ~10 minutes cold; cached).
 	@echo "### e2e-k8s-tools"
 	@hack/tools/build.sh $(BIN) e2e-k8s
 
-e2e-k8s-images: cluster-images e2e-k8s-tools ##@ make cluster-images plus the suite's images (agnhost, nginx, busybox by the names it asks for) and external-snapshotter's.
+e2e-k8s-images: cluster-images e2e-k8s-tools ##@ make cluster-images plus the suite's images (agnhost, nginx, busybox by the names it asks for).
 	@echo "### e2e-k8s-images"
 	$(BIN)/images -bin $(STATIC) -tools $(BIN) -out $(IMAGES_OUT) -cache $(IMAGES_CACHE) -repo $(IMAGE_REPO) \
 		-tag $(IMAGE_TAG) -tag dev -created $(IMAGES_CREATED) -images $(E2E_K8S_IMAGES)

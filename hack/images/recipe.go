@@ -229,8 +229,9 @@ var toolRecipes = []toolRecipe{
 	},
 	{
 		// external-snapshotter's sidecar
-		// (deploy/kubernetes/components/snapshotter); the tag is the
-		// version hack/tools/snapshotter/go.mod pins.
+		// (deploy/kubernetes/components/snapshotter; test/cluster and
+		// test/e2e-k8s deploy it); the tag is the version
+		// hack/tools/snapshotter/go.mod pins.
 		recipe: recipe{
 			name:       "csi-snapshotter",
 			from:       "scratch",
@@ -239,12 +240,12 @@ var toolRecipes = []toolRecipe{
 			user:       "65532:65532",
 			entrypoint: []string{"/csi-snapshotter"},
 		},
-		tag:   "v8.7.0",
-		optIn: true,
+		tag: "v8.7.0",
 	},
 	{
-		// external-snapshotter's cluster-wide controller (test/e2e-k8s
-		// deploys it: a cluster has one, whatever the drivers).
+		// external-snapshotter's cluster-wide controller (test/cluster and
+		// test/e2e-k8s deploy it: a cluster has one, whatever the
+		// drivers).
 		recipe: recipe{
 			name:       "snapshot-controller",
 			from:       "scratch",
@@ -253,8 +254,7 @@ var toolRecipes = []toolRecipe{
 			user:       "65532:65532",
 			entrypoint: []string{"/snapshot-controller"},
 		},
-		tag:   "v8.7.0",
-		optIn: true,
+		tag: "v8.7.0",
 	},
 }
 

@@ -35,9 +35,10 @@ names=()
 for name in "$@"; do
 	if [[ $name == cluster ]]; then
 		names+=(etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl
-			containerd containerd-shim-runc-v2 ctr runc csi-provisioner csi-attacher pause)
+			containerd containerd-shim-runc-v2 ctr runc csi-provisioner csi-attacher
+			csi-snapshotter snapshot-controller pause)
 	elif [[ $name == e2e-k8s ]]; then
-		names+=(e2e.test ginkgo agnhost csi-snapshotter snapshot-controller)
+		names+=(e2e.test ginkgo agnhost)
 	else
 		names+=("$name")
 	fi

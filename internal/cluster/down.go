@@ -105,6 +105,11 @@ func (c *Cluster) deletePods(ctx context.Context, timeout time.Duration) error {
 		}
 		for _, ns := range nss.Items {
 			if !keep(ns.Name) {
+				// Their controllers would bring deleted pods back (a
+				// Deployment's in kube-system kept teardown waiting out
+				// the whole timeout): the workloads go first.
+				_, _ = c.Kubectl(ctx, "delete", "--ignore-not-found", "--wait=false", "-n", ns.Name,
+					"deployments,replicasets,statefulsets,daemonsets,jobs", "--all")
 				if err := c.Client.CoreV1().Pods(ns.Name).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
 					return err
 				}
@@ -134,9 +139,6 @@ func (c *Cluster) deletePods(ctx context.Context, timeout time.Duration) error {
 	if err := gone(func(ns string) bool { return ns == "loopvol" }); err != nil {
 		return fmt.Errorf("deleting the pods: %w", err)
 	}
-	// The node plugin's DaemonSet would bring its pod back: delete the
-	// workloads, not just the pods.
-	_, _ = c.Kubectl(ctx, "delete", "--ignore-not-found", "--wait=false", "-n", "loopvol", "daemonset,statefulset", "--all")
 	if err := gone(func(string) bool { return false }); err != nil {
 		return fmt.Errorf("deleting loopvol's pods: %w", err)
 	}

@@ -23,10 +23,16 @@ import (
 var extraPools = []string{"fast"}
 
 // images are the OCI archives `make images cluster-images` writes.
-var images = []string{"loopvol-node", "loopvol-controller", "csi-provisioner", "csi-attacher", "pause", "busybox"}
+var images = []string{"loopvol-node", "loopvol-controller", "csi-provisioner", "csi-attacher", "csi-snapshotter", "snapshot-controller", "pause", "busybox"}
+
+// deployed is the kustomization up applied: overlays/local with the extra
+// pools and the snapshotter component. A scenario that applies another
+// configuration (Switching) comes back to this one.
+var deployed string
 
 // up brings a cluster up under a temporary directory, deploys loopvol on
-// it, and tears it all down when the test ends.
+// it with snapshots (the VolumeSnapshot CRDs, the snapshot-controller,
+// components/snapshotter), and tears it all down when the test ends.
 func up(t *testing.T) *cluster.Cluster {
 	t.Helper()
 	testenv.RequireRoot(t)
@@ -45,9 +51,8 @@ func up(t *testing.T) *cluster.Cluster {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := c.Deploy(ctx, overlay); err != nil {
-		t.Fatalf("deploy: %v", err)
-	}
+	clustertest.SnapshotCRDs(ctx, t, c, root)
+	deployed = clustertest.DeployWithSnapshots(ctx, t, c, root, overlay)
 	return c
 }
 
@@ -63,6 +68,7 @@ func TestCluster(t *testing.T) {
 	t.Run("NodePluginRestart", func(t *testing.T) { testNodePluginRestart(t, c) })
 	t.Run("BulkProvisioning", func(t *testing.T) { testBulkProvisioning(t, c) })
 	t.Run("VolumeAttributesClass", func(t *testing.T) { testVolumeAttributesClass(t, c) })
+	t.Run("Snapshots", func(t *testing.T) { testSnapshots(t, c) })
 	// Before RBAC: upstream's attacher's log is searched for "forbidden" too.
 	t.Run("Switching", func(t *testing.T) { testSwitching(t, c) })
 	// After the others: their logs are searched for "forbidden".

@@ -34,10 +34,7 @@ func testSwitching(t *testing.T, c *cluster.Cluster) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ours, err := c.Overlay(filepath.Join(root, "deploy", "kubernetes", "overlays", "local"), extraPools...)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ours := deployed
 	upstream := upstreamOverlay(t, c, ours, filepath.Join(root, "deploy", "kubernetes", "components", "upstream-attacher"))
 
 	// Attached by loopvol's sidecar.
