@@ -23,6 +23,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2/ktesting"
 	testingclock "k8s.io/utils/clock/testing"
@@ -271,16 +272,85 @@ func newFixture(t *testing.T, caps csiclient.Capabilities, objs []runtime.Object
 // calling the handlers.
 func (f *fixture) cache(obj runtime.Object) {
 	f.t.Helper()
+	f.caches().cache(f.t, obj)
+}
+
+// caches are what a fixture's watch replay drives: a controller's claim
+// and volume caches and its claim handlers. The resize and the modify
+// fixtures share them.
+type caches struct {
+	pvcs, pvs    cache.Indexer
+	claimAdded   func(obj any)
+	claimUpdated func(oldObj, newObj any)
+}
+
+func (f *fixture) caches() caches {
+	return caches{f.c.pvcInformer.GetIndexer(), f.c.pvInformer.GetIndexer(), f.c.claimAdded, f.c.claimUpdated}
+}
+
+// cache puts a claim or a volume into its cache without calling the
+// handlers, and reports whether obj was one.
+func (w caches) cache(t *testing.T, obj runtime.Object) bool {
+	t.Helper()
 	var err error
 	switch o := obj.(type) {
 	case *corev1.PersistentVolumeClaim:
-		err = f.c.pvcInformer.GetIndexer().Add(o.DeepCopy())
+		err = w.pvcs.Add(o.DeepCopy())
 	case *corev1.PersistentVolume:
 		out, _ := kube.StripPV(o.DeepCopy(), kube.PVResize)
-		err = f.c.pvInformer.GetIndexer().Add(out)
+		err = w.pvs.Add(out)
+	default:
+		return false
 	}
 	if err != nil {
-		f.t.Fatalf("cache %T: %v", obj, err)
+		t.Fatalf("cache %T: %v", obj, err)
+	}
+	return true
+}
+
+// replay plays the watch of claims and volumes: first each object of
+// writes (the controller's patches, in order, one event each: a watch
+// delivers every version); then every claim and volume that still differs
+// between the fake API server and the cache (changed by the test). Claim
+// handlers are called as an informer calls them.
+func (w caches) replay(t *testing.T, client *fake.Clientset, writes []runtime.Object) {
+	t.Helper()
+	for _, o := range writes {
+		switch o := o.(type) {
+		case *corev1.PersistentVolumeClaim:
+			old, exists, _ := w.pvcs.Get(o)
+			_ = w.pvcs.Update(o)
+			if exists {
+				w.claimUpdated(old, o)
+			}
+		case *corev1.PersistentVolume:
+			out, _ := kube.StripPV(o, kube.PVResize)
+			_ = w.pvs.Update(out)
+		}
+	}
+	pvcs, err := client.Tracker().List(corev1.SchemeGroupVersion.WithResource("persistentvolumeclaims"), corev1.SchemeGroupVersion.WithKind("PersistentVolumeClaim"), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range pvcs.(*corev1.PersistentVolumeClaimList).Items {
+		pvc := o.DeepCopy()
+		old, exists, _ := w.pvcs.Get(pvc)
+		switch {
+		case !exists:
+			_ = w.pvcs.Add(pvc)
+			w.claimAdded(pvc)
+		case !equality.Semantic.DeepEqual(old, pvc):
+			_ = w.pvcs.Update(pvc)
+			w.claimUpdated(old, pvc)
+		}
+	}
+	pvs, err := client.Tracker().List(corev1.SchemeGroupVersion.WithResource("persistentvolumes"), corev1.SchemeGroupVersion.WithKind("PersistentVolume"), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range pvs.(*corev1.PersistentVolumeList).Items {
+		out, _ := kube.StripPV(o.DeepCopy(), kube.PVResize)
+		_ = w.pvs.Update(out)
 	}
 }
 
@@ -291,52 +361,13 @@ func (f *fixture) queueAll() {
 	}
 }
 
-// observe plays the watch: first each object the controller's patches
-// produced, in order, one event each (a watch delivers every version);
-// then every claim and volume that still differs between the fake API
-// server and the cache (changed by the test). Claim handlers are called as
-// an informer calls them.
+// observe plays the watch of the controller's writes and of the test's
+// changes (caches.replay).
 func (f *fixture) observe() {
 	f.t.Helper()
 	writes := f.writes
 	f.writes = nil
-	for _, o := range writes {
-		switch o := o.(type) {
-		case *corev1.PersistentVolumeClaim:
-			old, exists, _ := f.c.pvcInformer.GetIndexer().Get(o)
-			_ = f.c.pvcInformer.GetIndexer().Update(o)
-			if exists {
-				f.c.claimUpdated(old, o)
-			}
-		case *corev1.PersistentVolume:
-			out, _ := kube.StripPV(o, kube.PVResize)
-			_ = f.c.pvInformer.GetIndexer().Update(out)
-		}
-	}
-	pvcs, err := f.client.Tracker().List(corev1.SchemeGroupVersion.WithResource("persistentvolumeclaims"), corev1.SchemeGroupVersion.WithKind("PersistentVolumeClaim"), "")
-	if err != nil {
-		f.t.Fatal(err)
-	}
-	for _, o := range pvcs.(*corev1.PersistentVolumeClaimList).Items {
-		pvc := o.DeepCopy()
-		old, exists, _ := f.c.pvcInformer.GetIndexer().Get(pvc)
-		switch {
-		case !exists:
-			_ = f.c.pvcInformer.GetIndexer().Add(pvc)
-			f.c.claimAdded(pvc)
-		case !equality.Semantic.DeepEqual(old, pvc):
-			_ = f.c.pvcInformer.GetIndexer().Update(pvc)
-			f.c.claimUpdated(old, pvc)
-		}
-	}
-	pvs, err := f.client.Tracker().List(corev1.SchemeGroupVersion.WithResource("persistentvolumes"), corev1.SchemeGroupVersion.WithKind("PersistentVolume"), "")
-	if err != nil {
-		f.t.Fatal(err)
-	}
-	for _, o := range pvs.(*corev1.PersistentVolumeList).Items {
-		out, _ := kube.StripPV(o.DeepCopy(), kube.PVResize)
-		_ = f.c.pvInformer.GetIndexer().Update(out)
-	}
+	f.caches().replay(f.t, f.client, writes)
 }
 
 // drain runs the worker until the queue is empty (claims waiting out a

@@ -11,7 +11,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
@@ -194,19 +193,18 @@ func newModFixture(t *testing.T, objs []runtime.Object, opts ...func(*ModifyConf
 // cache puts obj into the informer cache without calling the handlers.
 func (f *modFixture) cache(obj runtime.Object) {
 	f.t.Helper()
-	var err error
-	switch o := obj.(type) {
-	case *corev1.PersistentVolumeClaim:
-		err = f.c.pvcInformer.GetIndexer().Add(o.DeepCopy())
-	case *corev1.PersistentVolume:
-		out, _ := kube.StripPV(o.DeepCopy(), kube.PVResize)
-		err = f.c.pvInformer.GetIndexer().Add(out)
-	case *storagev1.VolumeAttributesClass:
-		err = f.c.vacInformer.GetIndexer().Add(o.DeepCopy())
+	if f.caches().cache(f.t, obj) {
+		return
 	}
-	if err != nil {
-		f.t.Fatalf("cache %T: %v", obj, err)
+	if vac, ok := obj.(*storagev1.VolumeAttributesClass); ok {
+		if err := f.c.vacInformer.GetIndexer().Add(vac.DeepCopy()); err != nil {
+			f.t.Fatalf("cache %T: %v", obj, err)
+		}
 	}
+}
+
+func (f *modFixture) caches() caches {
+	return caches{f.c.pvcInformer.GetIndexer(), f.c.pvInformer.GetIndexer(), f.c.claimAdded, f.c.claimUpdated}
 }
 
 // queueAll queues every cached claim, as the handlers do at start.
@@ -223,43 +221,7 @@ func (f *modFixture) observe() {
 	f.t.Helper()
 	writes := f.writes
 	f.writes = nil
-	for _, o := range writes {
-		switch o := o.(type) {
-		case *corev1.PersistentVolumeClaim:
-			old, exists, _ := f.c.pvcInformer.GetIndexer().Get(o)
-			_ = f.c.pvcInformer.GetIndexer().Update(o)
-			if exists {
-				f.c.claimUpdated(old, o)
-			}
-		case *corev1.PersistentVolume:
-			out, _ := kube.StripPV(o, kube.PVResize)
-			_ = f.c.pvInformer.GetIndexer().Update(out)
-		}
-	}
-	pvcs, err := f.client.Tracker().List(corev1.SchemeGroupVersion.WithResource("persistentvolumeclaims"), corev1.SchemeGroupVersion.WithKind("PersistentVolumeClaim"), "")
-	if err != nil {
-		f.t.Fatal(err)
-	}
-	for _, o := range pvcs.(*corev1.PersistentVolumeClaimList).Items {
-		pvc := o.DeepCopy()
-		old, exists, _ := f.c.pvcInformer.GetIndexer().Get(pvc)
-		switch {
-		case !exists:
-			_ = f.c.pvcInformer.GetIndexer().Add(pvc)
-			f.c.claimAdded(pvc)
-		case !equality.Semantic.DeepEqual(old, pvc):
-			_ = f.c.pvcInformer.GetIndexer().Update(pvc)
-			f.c.claimUpdated(old, pvc)
-		}
-	}
-	pvs, err := f.client.Tracker().List(corev1.SchemeGroupVersion.WithResource("persistentvolumes"), corev1.SchemeGroupVersion.WithKind("PersistentVolume"), "")
-	if err != nil {
-		f.t.Fatal(err)
-	}
-	for _, o := range pvs.(*corev1.PersistentVolumeList).Items {
-		out, _ := kube.StripPV(o.DeepCopy(), kube.PVResize)
-		_ = f.c.pvInformer.GetIndexer().Update(out)
-	}
+	f.caches().replay(f.t, f.client, writes)
 	gvr := storagev1.SchemeGroupVersion.WithResource("volumeattributesclasses")
 	vacs, err := f.client.Tracker().List(gvr, storagev1.SchemeGroupVersion.WithKind("VolumeAttributesClass"), "")
 	if err != nil {
