@@ -121,9 +121,7 @@ type Controller struct {
 	pvcLister   corelisters.PersistentVolumeClaimLister
 	pvLister    corelisters.PersistentVolumeLister
 
-	queue   *kube.Queue[string]
-	api     *kube.APIHealth
-	state   *claimState
+	claimQueue
 	metrics *metrics
 }
 
@@ -149,11 +147,10 @@ func New(cfg Config) (*Controller, error) {
 		// defaults), growing to the maximum: the same request fails the
 		// same way until someone changes it, and that change queues the
 		// claim at once anyway.
-		queue:   kube.NewQueue[string](QueueName(cfg.DriverName), cfg.RetryIntervalStart, cfg.RetryIntervalMax),
-		api:     cfg.Informers.APIHealth(),
-		state:   newClaimState(),
-		metrics: m,
+		claimQueue: newClaimQueue(QueueName(cfg.DriverName), cfg.Informers, cfg.RetryIntervalStart, cfg.RetryIntervalMax, cfg.CSI.WaitReady),
+		metrics:    m,
 	}
+	c.syncKey = c.sync
 	c.pvcInformer = cfg.Informers.PersistentVolumeClaims()
 	c.pvInformer = cfg.Informers.PersistentVolumes(kube.PVResize)
 	c.pvcLister = corelisters.NewPersistentVolumeClaimLister(c.pvcInformer.GetIndexer())
@@ -201,41 +198,6 @@ func (c *Controller) Run(ctx context.Context) error {
 	wg.Wait()
 	logger.Info("Resize controller stopped")
 	return nil
-}
-
-func (c *Controller) worker(ctx context.Context) {
-	for c.processNext(ctx) {
-	}
-}
-
-// processNext takes one claim off the queue and syncs it. It is the only
-// place that calls Done and, through Queue.Handle, forgets or re-adds a
-// claim. It returns false when the worker should stop.
-func (c *Controller) processNext(ctx context.Context) bool {
-	// While the driver is away, the claims wait in the queue rather than
-	// fail each.
-	// No driver call while the API server is away: its outcome could not
-	// be recorded, and every claim would fail in turn.
-	return c.queue.ProcessNext(ctx, c.api.Gate(c.csi.WaitReady), kube.Observing(c.api, c.trackedSync), isFinal)
-}
-
-// trackedSync syncs key; an update event that arrived during the sync and
-// was not the sync's own write queues it once more.
-func (c *Controller) trackedSync(ctx context.Context, key string) error {
-	c.state.begin(key)
-	err := c.sync(ctx, key)
-	if c.state.end(key) {
-		c.queue.Q.Add(key)
-	}
-	return err
-}
-
-// syncOne syncs key and ends the sync as a worker does: Queue.Handle
-// forgets its backoff or queues it again.
-func (c *Controller) syncOne(ctx context.Context, key string) error {
-	err := c.trackedSync(ctx, key)
-	c.queue.Handle(ctx, key, err, err != nil && isFinal(err))
-	return err
 }
 
 // permanent and isFinal are the shared sync-error classification

@@ -154,9 +154,7 @@ type ModifyController struct {
 	pvLister    corelisters.PersistentVolumeLister
 	vacLister   storagelisters.VolumeAttributesClassLister
 
-	queue   *kube.Queue[string]
-	api     *kube.APIHealth
-	state   *claimState
+	claimQueue
 	mods    *modifyState
 	metrics *modifyMetrics
 }
@@ -172,17 +170,16 @@ func NewModifyController(cfg ModifyConfig) (*ModifyController, error) {
 		return nil, fmt.Errorf("modify controller metrics: %w", err)
 	}
 	c := &ModifyController{
-		cfg:      cfg,
-		client:   cfg.Client,
-		csi:      cfg.CSI,
-		recorder: cfg.Recorder,
-		clock:    clock.RealClock{},
-		queue:    kube.NewQueue[string](ModifyQueueName(cfg.DriverName), cfg.RetryIntervalStart, cfg.RetryIntervalMax),
-		api:      cfg.Informers.APIHealth(),
-		state:    newClaimState(),
-		mods:     newModifyState(),
-		metrics:  m,
+		cfg:        cfg,
+		client:     cfg.Client,
+		csi:        cfg.CSI,
+		recorder:   cfg.Recorder,
+		clock:      clock.RealClock{},
+		claimQueue: newClaimQueue(ModifyQueueName(cfg.DriverName), cfg.Informers, cfg.RetryIntervalStart, cfg.RetryIntervalMax, cfg.CSI.WaitReady),
+		mods:       newModifyState(),
+		metrics:    m,
 	}
+	c.syncKey = c.sync
 	c.pvcInformer = cfg.Informers.PersistentVolumeClaims()
 	c.pvInformer = cfg.Informers.PersistentVolumes(kube.PVResize)
 	c.vacInformer = cfg.Informers.VolumeAttributesClasses()
@@ -267,36 +264,6 @@ func (c *ModifyController) initUncertain(logger klog.Logger) {
 			c.mods.setUncertain(claimKey(pvc), true)
 		}
 	}
-}
-
-func (c *ModifyController) worker(ctx context.Context) {
-	for c.processNext(ctx) {
-	}
-}
-
-// processNext takes one claim off the queue and syncs it, once the driver
-// and the API server are there. It is the only caller of Done and, through
-// Queue.Handle, of Forget and the re-adds.
-func (c *ModifyController) processNext(ctx context.Context) bool {
-	return c.queue.ProcessNext(ctx, c.api.Gate(c.csi.WaitReady), kube.Observing(c.api, c.trackedSync), isFinal)
-}
-
-// trackedSync syncs key; an update event that arrived during the sync and
-// was not the sync's own write queues it once more.
-func (c *ModifyController) trackedSync(ctx context.Context, key string) error {
-	c.state.begin(key)
-	err := c.sync(ctx, key)
-	if c.state.end(key) {
-		c.queue.Q.Add(key)
-	}
-	return err
-}
-
-// syncOne syncs key and ends the sync as a worker does.
-func (c *ModifyController) syncOne(ctx context.Context, key string) error {
-	err := c.trackedSync(ctx, key)
-	c.queue.Handle(ctx, key, err, err != nil && isFinal(err))
-	return err
 }
 
 var _ ModifyCSI = (*csiclient.Client)(nil)
