@@ -4,6 +4,8 @@ import (
 	"context"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+
 	"github.com/loopvol/loopvol/internal/kube"
 )
 
@@ -17,9 +19,11 @@ type claimQueue struct {
 	api   *kube.APIHealth
 	state *claimState
 	// ready waits for the driver; syncKey is the controller's sync of one
-	// claim.
+	// claim; wants tells whether an update of a claim may need a sync of
+	// this controller.
 	ready   func(context.Context) error
 	syncKey func(context.Context, string) error
+	wants   func(old, pvc *corev1.PersistentVolumeClaim) bool
 }
 
 func newClaimQueue(name string, inf *kube.Informers, retryStart, retryMax time.Duration, ready func(context.Context) error) claimQueue {
@@ -62,4 +66,25 @@ func (q *claimQueue) syncOne(ctx context.Context, key string) error {
 	err := q.trackedSync(ctx, key)
 	q.queue.Handle(ctx, key, err, err != nil && isFinal(err))
 	return err
+}
+
+func (q *claimQueue) claimAdded(obj any) {
+	if pvc, ok := obj.(*corev1.PersistentVolumeClaim); ok {
+		q.queue.Q.Add(claimKey(pvc))
+	}
+}
+
+func (q *claimQueue) claimUpdated(oldObj, newObj any) {
+	old, ok1 := oldObj.(*corev1.PersistentVolumeClaim)
+	pvc, ok2 := newObj.(*corev1.PersistentVolumeClaim)
+	if !ok1 || !ok2 || !q.wants(old, pvc) {
+		return
+	}
+	key := claimKey(pvc)
+	if old.ResourceVersion != pvc.ResourceVersion && q.state.deferEvent(key, pvc.ResourceVersion) {
+		// Decided when the sync ends: it may be the sync's own write,
+		// whose resourceVersion it does not know yet.
+		return
+	}
+	q.queue.Q.Add(key)
 }

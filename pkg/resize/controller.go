@@ -150,7 +150,7 @@ func New(cfg Config) (*Controller, error) {
 		claimQueue: newClaimQueue(QueueName(cfg.DriverName), cfg.Informers, cfg.RetryIntervalStart, cfg.RetryIntervalMax, cfg.CSI.WaitReady),
 		metrics:    m,
 	}
-	c.syncKey = c.sync
+	c.syncKey, c.wants = c.sync, c.shouldEnqueue
 	c.pvcInformer = cfg.Informers.PersistentVolumeClaims()
 	c.pvInformer = cfg.Informers.PersistentVolumes(kube.PVResize)
 	c.pvcLister = corelisters.NewPersistentVolumeClaimLister(c.pvcInformer.GetIndexer())

@@ -34,27 +34,6 @@ func (c *Controller) addEventHandlers(logger klog.Logger) (*kube.Handlers, error
 
 func claimKey(pvc *corev1.PersistentVolumeClaim) string { return pvc.Namespace + "/" + pvc.Name }
 
-func (c *Controller) claimAdded(obj any) {
-	if pvc, ok := obj.(*corev1.PersistentVolumeClaim); ok {
-		c.queue.Q.Add(claimKey(pvc))
-	}
-}
-
-func (c *Controller) claimUpdated(oldObj, newObj any) {
-	old, ok1 := oldObj.(*corev1.PersistentVolumeClaim)
-	pvc, ok2 := newObj.(*corev1.PersistentVolumeClaim)
-	if !ok1 || !ok2 || !c.shouldEnqueue(old, pvc) {
-		return
-	}
-	key := claimKey(pvc)
-	if old.ResourceVersion != pvc.ResourceVersion && c.state.deferEvent(key, pvc.ResourceVersion) {
-		// Decided when the sync ends: it may be the sync's own write,
-		// whose resourceVersion it does not know yet.
-		return
-	}
-	c.queue.Q.Add(key)
-}
-
 // shouldEnqueue tells whether an update of a claim may need a sync. Most
 // updates do not (labels, annotations of others, kubelet's unrelated
 // writes); and the controller's own status writes coming back must not

@@ -179,7 +179,7 @@ func NewModifyController(cfg ModifyConfig) (*ModifyController, error) {
 		mods:       newModifyState(),
 		metrics:    m,
 	}
-	c.syncKey = c.sync
+	c.syncKey, c.wants = c.sync, c.shouldEnqueue
 	c.pvcInformer = cfg.Informers.PersistentVolumeClaims()
 	c.pvInformer = cfg.Informers.PersistentVolumes(kube.PVResize)
 	c.vacInformer = cfg.Informers.VolumeAttributesClasses()

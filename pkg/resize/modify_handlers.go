@@ -43,26 +43,6 @@ func (c *ModifyController) addEventHandlers(logger klog.Logger) (*kube.Handlers,
 	return hs, nil
 }
 
-func (c *ModifyController) claimAdded(obj any) {
-	if pvc, ok := obj.(*corev1.PersistentVolumeClaim); ok {
-		c.queue.Q.Add(claimKey(pvc))
-	}
-}
-
-func (c *ModifyController) claimUpdated(oldObj, newObj any) {
-	old, ok1 := oldObj.(*corev1.PersistentVolumeClaim)
-	pvc, ok2 := newObj.(*corev1.PersistentVolumeClaim)
-	if !ok1 || !ok2 || !c.shouldEnqueue(old, pvc) {
-		return
-	}
-	key := claimKey(pvc)
-	if old.ResourceVersion != pvc.ResourceVersion && c.state.deferEvent(key, pvc.ResourceVersion) {
-		// Decided when the sync ends: it may be the sync's own write.
-		return
-	}
-	c.queue.Q.Add(key)
-}
-
 // shouldEnqueue tells whether an update of a claim may need a modify sync:
 // a resync, a changed class in the spec, a changed current class or
 // modification status that is not the controller's own write (a user, or
