@@ -106,6 +106,14 @@ func (s *Server) createVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 // another. One lock per pool, because the volume's ID depends on the pool
 // it lands in.
 func (s *Server) lockName(name string) (func(), error) {
+	return s.lockInEveryPool(func(p *pool.Pool) (pool.Unlock, error) { return p.Lock(pool.DeriveVolumeID(p.Name, name)) })
+}
+
+// lockInEveryPool takes lock in every pool, in name order, and returns
+// what releases them all, last first; a lock it cannot take releases the
+// ones it holds and is the error. The lock of a name (volume, snapshot,
+// group) is one per pool, since the ID depends on the pool.
+func (s *Server) lockInEveryPool(lock func(*pool.Pool) (pool.Unlock, error)) (func(), error) {
 	var held []pool.Unlock
 	release := func() {
 		for i := len(held) - 1; i >= 0; i-- {
@@ -113,8 +121,7 @@ func (s *Server) lockName(name string) (func(), error) {
 		}
 	}
 	for _, pn := range s.poolNames {
-		p := s.pools[pn]
-		u, err := p.Lock(pool.DeriveVolumeID(p.Name, name))
+		u, err := lock(s.pools[pn])
 		if err != nil {
 			release()
 			return nil, err
@@ -122,6 +129,24 @@ func (s *Server) lockName(name string) (func(), error) {
 		held = append(held, u)
 	}
 	return release, nil
+}
+
+// findInEveryPool reads the record of a name in each pool, in name order,
+// and returns the first pool that has one (nil without any); an error other
+// than ErrNotFound ends the search.
+func findInEveryPool[T any](s *Server, read func(*pool.Pool) (*T, error)) (*pool.Pool, *T, error) {
+	for _, pn := range s.poolNames {
+		p := s.pools[pn]
+		r, err := read(p)
+		if errors.Is(err, pool.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, nil, err
+		}
+		return p, r, nil
+	}
+	return nil, nil, nil
 }
 
 // findByName looks for the volume called name in every pool; the caller

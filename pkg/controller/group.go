@@ -224,38 +224,12 @@ func (s *Server) cloneMembers(ctx context.Context, p *pool.Pool, gid pool.GroupI
 // lockGroupName takes the group lock of name in every pool, without
 // waiting, as lockSnapshotName does.
 func (s *Server) lockGroupName(name string) (func(), error) {
-	var held []pool.Unlock
-	release := func() {
-		for i := len(held) - 1; i >= 0; i-- {
-			held[i]()
-		}
-	}
-	for _, pn := range s.poolNames {
-		p := s.pools[pn]
-		u, err := p.LockGroup(pool.DeriveGroupID(p.Name, name))
-		if err != nil {
-			release()
-			return nil, err
-		}
-		held = append(held, u)
-	}
-	return release, nil
+	return s.lockInEveryPool(func(p *pool.Pool) (pool.Unlock, error) { return p.LockGroup(pool.DeriveGroupID(p.Name, name)) })
 }
 
 // findGroupByName looks for the group snapshot called name in every pool.
 func (s *Server) findGroupByName(name string) (*pool.Pool, *pool.Group, error) {
-	for _, pn := range s.poolNames {
-		p := s.pools[pn]
-		g, err := p.ReadGroup(pool.DeriveGroupID(p.Name, name))
-		if errors.Is(err, pool.ErrNotFound) {
-			continue
-		}
-		if err != nil {
-			return nil, nil, err
-		}
-		return p, g, nil
-	}
-	return nil, nil, nil
+	return findInEveryPool(s, func(p *pool.Pool) (*pool.Group, error) { return p.ReadGroup(pool.DeriveGroupID(p.Name, name)) })
 }
 
 // removeGroup deletes g and its members under the members' snapshot

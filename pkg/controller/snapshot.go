@@ -2,7 +2,6 @@ package controller
 
 import (
 	"context"
-	"errors"
 	"slices"
 	"sort"
 
@@ -144,38 +143,12 @@ func (s *Server) createSnapshot(ctx context.Context, req *csi.CreateSnapshotRequ
 // lockSnapshotName takes the snapshot lock of name in every pool, in name
 // order, without waiting, as lockName does for volumes.
 func (s *Server) lockSnapshotName(name string) (func(), error) {
-	var held []pool.Unlock
-	release := func() {
-		for i := len(held) - 1; i >= 0; i-- {
-			held[i]()
-		}
-	}
-	for _, pn := range s.poolNames {
-		p := s.pools[pn]
-		u, err := p.LockSnapshot(pool.DeriveSnapshotID(p.Name, name))
-		if err != nil {
-			release()
-			return nil, err
-		}
-		held = append(held, u)
-	}
-	return release, nil
+	return s.lockInEveryPool(func(p *pool.Pool) (pool.Unlock, error) { return p.LockSnapshot(pool.DeriveSnapshotID(p.Name, name)) })
 }
 
 // findSnapshotByName looks for the snapshot called name in every pool.
 func (s *Server) findSnapshotByName(name string) (*pool.Pool, *pool.Snapshot, error) {
-	for _, pn := range s.poolNames {
-		p := s.pools[pn]
-		snap, err := p.ReadSnapshot(pool.DeriveSnapshotID(p.Name, name))
-		if errors.Is(err, pool.ErrNotFound) {
-			continue
-		}
-		if err != nil {
-			return nil, nil, err
-		}
-		return p, snap, nil
-	}
-	return nil, nil, nil
+	return findInEveryPool(s, func(p *pool.Pool) (*pool.Snapshot, error) { return p.ReadSnapshot(pool.DeriveSnapshotID(p.Name, name)) })
 }
 
 // reachable says whether the zone of pool p meets the requisite topology
