@@ -57,7 +57,9 @@ type Interface interface {
 	// Detach detaches the image from the device. A device that is already
 	// detached, or gone, is not an error. A device that stays open elsewhere
 	// gives an error wrapping ErrBusy; the kernel then detaches it when the
-	// last user closes it.
+	// last user closes it. A detached device that Tune made refuse discards
+	// is removed (the kernel would keep that limit for its next user);
+	// the next attach makes a new one.
 	Detach(devPath string) error
 	// Size returns the size of the device in bytes. A device with no image
 	// gives an error wrapping ErrNotAttached.
@@ -66,12 +68,14 @@ type Interface interface {
 	// error wrapping ErrNotAttached.
 	Status(devPath string) (Status, error)
 	// Tune gives an attached device the queue settings that make it fast
-	// (tune_linux.go says which and why). It changes only what differs, so
+	// (tune_linux.go says which and why) and, unless discard is true, makes
+	// it refuse discards: a thick volume's, whose fallocated image a
+	// discard (a hole punch) would thin. It changes only what differs, so
 	// calling it again on a device that is in use (a restarted node plugin
 	// finding its devices, or a device an older plugin attached) is cheap
 	// and harmless. A device with no image gives an error wrapping
 	// ErrNotAttached.
-	Tune(devPath string) error
+	Tune(devPath string, discard bool) error
 }
 
 // Status describes an attached loop device.

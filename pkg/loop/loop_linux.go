@@ -276,6 +276,9 @@ func (Devices) Detach(devPath string) error {
 		return err
 	}
 	if _, _, err := backingFile(name); errors.Is(err, ErrNotAttached) {
+		// Detached already: by us, deferred until its last user closed
+		// it, in an earlier call that returned ErrBusy.
+		removeLimited(name)
 		return nil
 	}
 	dev, err := os.OpenFile(devPath, os.O_RDONLY, 0)
@@ -302,6 +305,7 @@ func (Devices) Detach(devPath string) error {
 	deadline := time.Now().Add(detachWait)
 	for {
 		if _, _, err := backingFile(name); errors.Is(err, ErrNotAttached) {
+			removeLimited(name)
 			return nil
 		}
 		if time.Now().After(deadline) {
@@ -309,6 +313,26 @@ func (Devices) Detach(devPath string) error {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// removeLimited removes the detached device name when Tune made it refuse
+// discards, so that the limit does not pass to whoever attaches that
+// number next (tune_linux.go, discardOff). It is best effort: a device
+// someone attached or opened meanwhile stays (EBUSY), with the limit.
+func removeLimited(name string) {
+	if !discardsLimited(name) {
+		return
+	}
+	n, err := strconv.Atoi(strings.TrimPrefix(name, "loop"))
+	if err != nil {
+		return
+	}
+	ctl, err := os.OpenFile(controlPath, os.O_RDWR, 0)
+	if err != nil {
+		return
+	}
+	defer ctl.Close()
+	_ = unix.IoctlSetInt(int(ctl.Fd()), unix.LOOP_CTL_REMOVE, n)
 }
 
 // Size implements Interface.

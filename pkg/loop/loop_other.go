@@ -28,7 +28,7 @@ func (Devices) AttachFile(context.Context, *os.File, string, bool) (string, erro
 }
 
 // Tune fails with errors.ErrUnsupported.
-func (Devices) Tune(string) error { return errors.ErrUnsupported }
+func (Devices) Tune(string, bool) error { return errors.ErrUnsupported }
 
 // Find fails with errors.ErrUnsupported.
 func (Devices) Find(string) (string, bool, error) { return "", false, errors.ErrUnsupported }

@@ -24,17 +24,12 @@ import (
 //     higher, and lower only queues more requests in the volume.
 //   - the logical block size is not a queue setting: Attach sets it once
 //     (BlockSize), and it cannot change under a filesystem.
-//   - discard_max_bytes 0, to refuse discards on a thick volume (the loop
-//     device punches a hole in the image for each, handing the promised
-//     blocks back to the pool): the kernel keeps that limit on the loop
-//     device's number after the detach, for whoever attaches it next, and
-//     sysfs cannot undo it (the discard granularity drops to 0, and the
-//     store then refuses every other value). Only removing the device
-//     resets it. So discards pass, as hole punches, on every volume.
 //
 // Queue attributes belong to the device number, not to the image: they
-// stay after Detach. Both settings below are harmless to a later user of
-// the device.
+// stay after Detach. The scheduler and writeback settings are harmless to
+// a later user of the device; the discard limit is not (see discardOff),
+// so Detach removes a device that has it.
+
 const (
 	// schedNone: a loop device's requests go to the image file, whose own
 	// disk has a scheduler; a second one only adds CPU. "none" is the
@@ -50,10 +45,24 @@ const (
 	// a 2 GiB buffered write into an ext4 volume went from 760 to
 	// 1358 MiB/s (5 passes; the same write on the pool: 948 MiB/s).
 	wbtOff = "0"
+	// discardOff (discard_max_bytes) makes a thick volume's device refuse
+	// discards: the loop device turns each into a hole punch in the
+	// image, which would hand blocks the pool promised the volume back to
+	// the pool (fstrim in the volume, BLKDISCARD from a raw block pod) and
+	// let a later write fail with ENOSPC. A thin volume's device passes
+	// them: that is how a thin volume gives space back. What it costs:
+	// fstrim and BLKDISCARD on a thick volume fail with EOPNOTSUPP, and
+	// the limit outlives the image on the device's number (the kernel
+	// drops the discard granularity to 0, after which sysfs refuses every
+	// other value), so Detach removes the device (LOOP_CTL_REMOVE) and the
+	// next attach makes a new one: a thick volume's detach took 40 ms
+	// instead of 0.2, its next attach 36 instead of 28 (test/bench
+	// BenchmarkLoopDiscardLimit).
+	discardOff = "0"
 )
 
 // Tune implements Interface.
-func (Devices) Tune(devPath string) error {
+func (Devices) Tune(devPath string, discard bool) error {
 	name, err := deviceName(devPath)
 	if err != nil {
 		return err
@@ -72,7 +81,43 @@ func (Devices) Tune(devPath string) error {
 	if err := writeAttr(q, "wbt_lat_usec", wbtOff); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("tune %s: %w", devPath, err)
 	}
+	// A thin volume on a device whose discards an earlier user limited
+	// gets none: nothing in sysfs can lift it. Detach removes such devices;
+	// one is left only by a crash between a thick volume's unstage and its
+	// Detach, or by an attach that took the number in the instant between
+	// the detach and the removal.
+	if !discard {
+		if err := refuseDiscards(q); err != nil {
+			return fmt.Errorf("tune %s: %w", devPath, err)
+		}
+	}
 	return nil
+}
+
+// refuseDiscards sets the queue's discard limit to 0 unless it is 0 already.
+func refuseDiscards(q string) error {
+	cur, err := readAttr(q, "discard_max_bytes")
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil // a kernel without discard on loop devices
+	}
+	if err != nil || cur == discardOff {
+		return err
+	}
+	return writeAttr(q, "discard_max_bytes", discardOff)
+}
+
+// discardsLimited tells whether the device refuses discards because a
+// limit was set (by Tune) although its image's filesystem takes them:
+// discard_max_bytes 0 under a discard_max_hw_bytes that is not. The
+// kernel keeps both after the detach.
+func discardsLimited(name string) bool {
+	q := filepath.Join(sysBlock, name, "queue")
+	limit, err := readAttr(q, "discard_max_bytes")
+	if err != nil || limit != "0" {
+		return false
+	}
+	hw, err := readAttr(q, "discard_max_hw_bytes")
+	return err == nil && hw != "0"
 }
 
 // setScheduler selects the I/O scheduler unless it is selected already

@@ -3,12 +3,16 @@ package loop_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/loopvol/loopvol/pkg/loop"
 	"github.com/loopvol/loopvol/pkg/loop/looptest"
@@ -31,8 +35,9 @@ func setQueueAttr(t *testing.T, dev, attr, value string) {
 	}
 }
 
-// checkTuned reads the device's settings back from sysfs.
-func checkTuned(t *testing.T, dev, blockSize string) {
+// checkTuned reads the device's settings back from sysfs; discard says
+// whether it must pass discards (a thin volume's) or refuse them.
+func checkTuned(t *testing.T, dev, blockSize string, discard bool) {
 	t.Helper()
 	if got := queueAttr(t, dev, "queue/scheduler"); !strings.Contains(got, "[none]") {
 		t.Errorf("%s scheduler = %q, want [none]", dev, got)
@@ -46,10 +51,8 @@ func checkTuned(t *testing.T, dev, blockSize string) {
 	if got := queueAttr(t, dev, "loop/dio"); got != "1" {
 		t.Errorf("%s dio = %s, want 1 (direct I/O)", dev, got)
 	}
-	// Tune leaves discard alone (tune_linux.go says why): refusing it
-	// would stick to the device number.
-	if got := queueAttr(t, dev, "queue/discard_max_bytes"); got == "0" {
-		t.Errorf("%s discard_max_bytes = 0, want discard left on", dev)
+	if got := queueAttr(t, dev, "queue/discard_max_bytes"); (got != "0") != discard {
+		t.Errorf("%s discard_max_bytes = %s, want discards passed: %v", dev, got, discard)
 	}
 }
 
@@ -64,33 +67,113 @@ func TestTune(t *testing.T) {
 	}
 	// Before the first write the throttle reads 0 but is not set up yet:
 	// Tune must set it anyway, so that the first write does not enable it.
-	if err := d.Tune(dev); err != nil {
+	if err := d.Tune(dev, true); err != nil {
 		t.Fatalf("Tune: %v", err)
 	}
 	writeBlock(t, dev, 'a')
-	checkTuned(t, dev, strconv.Itoa(loop.BlockSize))
-	if err := d.Tune(dev); err != nil {
+	checkTuned(t, dev, strconv.Itoa(loop.BlockSize), true)
+	if err := d.Tune(dev, true); err != nil {
 		t.Fatalf("Tune again: %v", err)
 	}
-	checkTuned(t, dev, strconv.Itoa(loop.BlockSize))
+	checkTuned(t, dev, strconv.Itoa(loop.BlockSize), true)
 
 	// Settings changed behind its back (a udev rule, an admin) are put back.
 	setQueueAttr(t, dev, "scheduler", "mq-deadline")
 	setQueueAttr(t, dev, "wbt_lat_usec", "2000")
-	if err := d.Tune(dev); err != nil {
+	if err := d.Tune(dev, true); err != nil {
 		t.Fatalf("re-Tune: %v", err)
 	}
-	checkTuned(t, dev, strconv.Itoa(loop.BlockSize))
+	checkTuned(t, dev, strconv.Itoa(loop.BlockSize), true)
 
 	if err := d.Detach(dev); err != nil {
 		t.Fatal(err)
 	}
-	if err := d.Tune(dev); !errors.Is(err, loop.ErrNotAttached) {
+	if err := d.Tune(dev, true); !errors.Is(err, loop.ErrNotAttached) {
 		t.Errorf("Tune of a detached device = %v, want ErrNotAttached", err)
 	}
-	if err := d.Tune("/dev/sda"); !errors.Is(err, loop.ErrInvalidDevice) {
+	if err := d.Tune("/dev/sda", true); !errors.Is(err, loop.ErrInvalidDevice) {
 		t.Errorf("Tune(/dev/sda) = %v, want ErrInvalidDevice", err)
 	}
+}
+
+// TestTuneDiscards: a thick volume's device (Tune with discard false)
+// refuses discards, so its fallocated image keeps every block; Detach then
+// removes the device, so that the limit, which the kernel keeps on the
+// number, does not pass to the next user; a thin volume's device punches
+// a hole in the image for each discard.
+func TestTuneDiscards(t *testing.T) {
+	looptest.RequireRoot(t)
+	if _, err := exec.LookPath("blkdiscard"); err != nil {
+		t.Skip("blkdiscard is not installed")
+	}
+	dir := looptest.DirectIODir(t)
+	image := newImage(t, dir, "vol.img", 64*mib)
+	d := loop.New()
+	attach := func(discard bool) string {
+		t.Helper()
+		dev, err := d.Attach(context.Background(), image, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { d.Detach(dev) })
+		if err := d.Tune(dev, discard); err != nil {
+			t.Fatalf("Tune(%s, %v): %v", dev, discard, err)
+		}
+		checkTuned(t, dev, strconv.Itoa(loop.BlockSize), discard)
+		return dev
+	}
+	discard := func(dev string) error {
+		t.Helper()
+		out, err := exec.Command("blkdiscard", "--offset", "0", "--length", strconv.Itoa(8*mib), dev).CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("%v: %s", err, out)
+		}
+		return nil
+	}
+
+	dev := attach(false)
+	allocated := allocatedBytes(t, image)
+	if err := discard(dev); err == nil {
+		t.Errorf("blkdiscard on a thick volume's device succeeded, want it refused")
+	}
+	if got := allocatedBytes(t, image); got != allocated {
+		t.Errorf("image allocates %d bytes after the refused discard, want %d", got, allocated)
+	}
+	if err := d.Detach(dev); err != nil {
+		t.Fatal(err)
+	}
+	// Removed, or (another test's attach took the number at once) made
+	// anew without the limit.
+	name := filepath.Base(dev)
+	if max, err := os.ReadFile(filepath.Join("/sys/block", name, "queue", "discard_max_bytes")); err == nil {
+		hw, _ := os.ReadFile(filepath.Join("/sys/block", name, "queue", "discard_max_hw_bytes"))
+		if strings.TrimSpace(string(max)) == "0" && strings.TrimSpace(string(hw)) != "0" {
+			t.Errorf("%s still refuses discards after the detach (max %s, hw %s)", dev, max, hw)
+		}
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		t.Fatal(err)
+	}
+
+	dev = attach(true)
+	if err := discard(dev); err != nil {
+		t.Fatalf("blkdiscard on a thin volume's device: %v", err)
+	}
+	if got := allocatedBytes(t, image); got > allocated-8*mib {
+		t.Errorf("image allocates %d bytes after discarding 8 MiB, want at most %d", got, allocated-8*mib)
+	}
+	if err := d.Detach(dev); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// allocatedBytes is how much of the pool the file takes (st_blocks).
+func allocatedBytes(t *testing.T, path string) int64 {
+	t.Helper()
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		t.Fatal(err)
+	}
+	return st.Blocks * 512
 }
 
 // TestTuneOldDevice: a device attached the old way, with 512-byte sectors
@@ -114,11 +197,11 @@ func TestTuneOldDevice(t *testing.T) {
 	if err != nil || !ok || got != dev {
 		t.Fatalf("Find = %q, %v, %v; want %s", got, ok, err, dev)
 	}
-	if err := d.Tune(dev); err != nil {
+	if err := d.Tune(dev, true); err != nil {
 		t.Fatalf("Tune: %v", err)
 	}
 	writeBlock(t, dev, 'o')
-	checkTuned(t, dev, "512")
+	checkTuned(t, dev, "512", true)
 	if got := readImageByte(t, image); got != 'o' {
 		t.Errorf("image byte = %q, want 'o'", got)
 	}

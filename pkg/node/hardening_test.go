@@ -155,7 +155,6 @@ func TestMountFlagsAllowlist(t *testing.T) {
 		id   pool.VolumeID
 		flag string
 	}{
-		{id: e4, flag: "discard"},
 		{id: e4, flag: "loop"},
 		{id: e4, flag: "X-mount.subdir=data"},
 		{id: e4, flag: "X-mount.mkdir"},
@@ -183,7 +182,6 @@ func TestMountFlagsAllowlist(t *testing.T) {
 		{id: x, flag: "data=writeback"},
 		{id: x, flag: "nobarrier"},
 		{id: x, flag: "logdev=/dev/sda"},
-		{id: x, flag: "discard"},
 	} {
 		t.Run(tc.flag, func(t *testing.T) {
 			_, err := f.srv.NodeStageVolume(f.ctx, f.stageReq(tc.id, mountCap("", snw, "noatime", tc.flag)))
@@ -314,7 +312,7 @@ func FuzzMountFlags(f *testing.F) {
 		if err := o.forMount("", true); err == nil && o[0].name == "rw" {
 			t.Fatalf("rw accepted on a read-only mount")
 		}
-		if d := o.data(); strings.Contains(","+d+",", ",discard,") || strings.Contains(d, "loop") {
+		if d := o.data(); strings.Contains(d, "loop") {
 			t.Fatalf("%q passes %q to the filesystem", flag, d)
 		}
 	})

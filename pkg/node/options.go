@@ -64,9 +64,7 @@ var (
 )
 
 // allowedOptions is the allowlist. Refused on purpose, among others:
-// discard (punches holes into the fallocated image: the space the pool
-// promised the volume goes back to the pool and a later write can fail with
-// ENOSPC), loop, offset=, sizelimit= (mount(8) would stack a second loop
+// loop, offset=, sizelimit= (mount(8) would stack a second loop
 // device, which no unstage finds), X-mount.* and x-* (mount(8) actions such
 // as X-mount.subdir, which mount something other than the volume), bind,
 // rbind, move, remount and the propagation flags (they change other
@@ -100,7 +98,8 @@ var allowedOptions = map[string]optionSpec{
 	"fscontext=":       {kind: fsData, value: seLinuxLabel, why: "SELinux label of the filesystem itself"},
 	"defcontext=":      {kind: fsData, value: seLinuxLabel, why: "SELinux label of unlabelled files"},
 	"rootcontext=":     {kind: fsData, value: seLinuxLabel, why: "SELinux label of the root directory"},
-	"nodiscard":        {kind: fsData, why: "the default: no discard, which would punch holes into the image"},
+	"discard":          {kind: fsData, why: "online discard: on a thin volume (preallocate \"false\") each delete gives its blocks back to the pool, a hole punched in the image; a thick volume's device refuses discards (its blocks stay promised), and there the option does nothing"},
+	"nodiscard":        {kind: fsData, why: "the default: deleted files' blocks stay in the image until an fstrim"},
 	"barrier":          {kind: fsData, fs: ext4Only, why: "write barriers (the default): the journal stays consistent across a node crash"},
 	"nobarrier":        {kind: fsData, fs: ext4Only, why: "no write barriers, for pools whose storage has a battery-backed cache"},
 	"barrier=":         {kind: fsData, value: zeroOne, fs: ext4Only, why: "barrier=1 or barrier=0, as barrier and nobarrier"},

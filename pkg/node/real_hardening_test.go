@@ -250,7 +250,7 @@ func TestRealUnpublishForeignTargets(t *testing.T) {
 	f.checkGone(b)
 }
 
-// TestRealMountFlags: refused flags (discard, loop, X-mount.subdir, rw on
+// TestRealMountFlags: refused flags (loop, X-mount.subdir, rw on
 // a read-only publish) attach and mount nothing; accepted ones show in the
 // mount table, a read-only publish with them is read-only, and the staging
 // mount is the volume's device.
@@ -268,7 +268,7 @@ func TestRealMountFlags(t *testing.T) {
 func testRealMountFlags(t *testing.T) {
 	f := newRealFixture(t)
 	id := f.volumeOfSize("flags", pool.AccessMount, "ext4", 64*mib, pool.Attachment{Node: testNode})
-	for _, flag := range []string{"discard", "loop", "X-mount.subdir=lost+found", "offset=4096", "errors=panic"} {
+	for _, flag := range []string{"loop", "X-mount.subdir=lost+found", "offset=4096", "errors=panic"} {
 		_, err := f.srv.NodeStageVolume(f.ctx, f.stageReq(id, mountCap("ext4", snw, flag)))
 		wantCode(t, err, codes.InvalidArgument)
 	}

@@ -106,13 +106,19 @@ func requireTool(t *testing.T, name string) {
 // volumeOfSize creates a volume of size bytes, attached to this node.
 func (f *realFixture) volumeOfSize(name, accessType, fsType string, size int64, att pool.Attachment) pool.VolumeID {
 	f.t.Helper()
-	id := pool.DeriveVolumeID(f.pool.Name, name)
+	return f.volumeOfSpec(pool.VolumeSpec{Name: name, SizeBytes: size, AccessType: accessType, FsType: fsType}, att)
+}
+
+// volumeOfSpec creates the volume spec describes, attached as att.
+func (f *realFixture) volumeOfSpec(spec pool.VolumeSpec, att pool.Attachment) pool.VolumeID {
+	f.t.Helper()
+	id := pool.DeriveVolumeID(f.pool.Name, spec.Name)
 	unlock, err := f.pool.Lock(id)
 	if err != nil {
 		f.t.Fatal(err)
 	}
 	defer unlock()
-	v, err := f.pool.CreateVolume(pool.VolumeSpec{Name: name, SizeBytes: size, AccessType: accessType, FsType: fsType})
+	v, err := f.pool.CreateVolume(spec)
 	if err != nil {
 		f.t.Fatal(err)
 	}

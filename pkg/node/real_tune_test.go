@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/loopvol/loopvol/pkg/loop"
 	"github.com/loopvol/loopvol/pkg/pool"
 )
@@ -32,8 +34,9 @@ func (f *realFixture) device(id pool.VolumeID) string {
 }
 
 // checkTuned reads the settings of pkg/loop Tune back from sysfs, with the
-// block size and direct I/O that the attach chose.
-func (f *realFixture) checkTuned(when, dev string, blockSize int) {
+// block size and direct I/O that the attach chose; discard says whether
+// the device must pass discards (a thin volume's) or refuse them.
+func (f *realFixture) checkTuned(when, dev string, blockSize int, discard bool) {
 	f.t.Helper()
 	if got := f.sysAttr(dev, "queue/scheduler"); !strings.Contains(got, "[none]") {
 		f.t.Errorf("%s: %s scheduler = %q, want [none]", when, dev, got)
@@ -46,6 +49,9 @@ func (f *realFixture) checkTuned(when, dev string, blockSize int) {
 	}
 	if got := f.sysAttr(dev, "loop/dio"); got != "1" {
 		f.t.Errorf("%s: %s dio = %s, want 1", when, dev, got)
+	}
+	if got := f.sysAttr(dev, "queue/discard_max_bytes"); (got != "0") != discard {
+		f.t.Errorf("%s: %s discard_max_bytes = %s, want discards passed: %v", when, dev, got, discard)
 	}
 }
 
@@ -82,7 +88,7 @@ func TestRealTuning(t *testing.T) {
 			stage, publish := f.stageReq(id, c), f.publishReq(id, c, "pod-"+fs)
 			f.stage(stage)
 			dev := f.device(id)
-			f.checkTuned("after stage", dev, loop.BlockSize)
+			f.checkTuned("after stage", dev, loop.BlockSize, false)
 			f.publish(publish)
 
 			// The device as an older plugin left it; a restarted plugin
@@ -97,12 +103,84 @@ func TestRealTuning(t *testing.T) {
 			if got := f.device(id); got != dev {
 				t.Errorf("device after restart = %s, want the same %s", got, dev)
 			}
-			f.checkTuned("after restart", dev, loop.BlockSize)
+			f.checkTuned("after restart", dev, loop.BlockSize, false)
 			f.unpublish(id, publish.TargetPath)
 			f.unstage(id, stage.StagingTargetPath)
 			f.checkGone(id)
 		})
 	}
+}
+
+// TestRealDiscards: a thin volume's loop device passes discards, so that
+// fstrim in it, or each delete when it is mounted with discard, gives the
+// blocks of deleted files back to the pool; a thick volume's refuses them
+// (fstrim fails, the discard option does nothing), and its image keeps
+// every block.
+func TestRealDiscards(t *testing.T) {
+	f := newRealFixture(t)
+	requireTool(t, "mkfs.ext4")
+	requireTool(t, "fstrim")
+	parent := f.t
+	for _, tc := range []struct {
+		name    string
+		thin    bool
+		flags   []string
+		fstrim  bool // trim by hand after the delete
+		returns bool // the deleted file's blocks go back to the pool
+	}{
+		{name: "thin fstrim", thin: true, fstrim: true, returns: true},
+		{name: "thin mounted with discard", thin: true, flags: []string{"discard"}, returns: true},
+		{name: "thick fstrim", fstrim: true},
+		{name: "thick mounted with discard", flags: []string{"discard"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f.t = t
+			defer func() { f.t = parent }()
+			id := f.volumeOfSpec(pool.VolumeSpec{Name: strings.ReplaceAll(tc.name, " ", "-"), SizeBytes: 128 * mib, AccessType: pool.AccessMount, FsType: "ext4", Thin: tc.thin},
+				pool.Attachment{Node: testNode})
+			c := mountCap("ext4", snw, tc.flags...)
+			stage, publish := f.stageReq(id, c), f.publishReq(id, c, "pod")
+			f.stage(stage)
+			f.checkTuned("after stage", f.device(id), loop.BlockSize, tc.thin)
+			f.publish(publish)
+			file := filepath.Join(publish.TargetPath, "f")
+			writeRandomFile(t, file, 32<<20)
+			unix.Sync()
+			before := allocated(t, f.pool.ImagePath(id))
+			if err := os.Remove(file); err != nil {
+				t.Fatal(err)
+			}
+			// ext4 frees (and, mounted with discard, discards) the blocks
+			// once the journal commits the delete.
+			unix.Sync()
+			if tc.fstrim {
+				out, err := exec.Command("fstrim", "-v", stage.StagingTargetPath).CombinedOutput()
+				if (err == nil) != tc.thin {
+					t.Errorf("fstrim: %v (%s); want it to work only in a thin volume", err, out)
+				}
+			}
+			after := allocated(t, f.pool.ImagePath(id))
+			if tc.returns && after > before-32<<20 {
+				t.Errorf("image allocates %d bytes after the file's 32 MiB were deleted, want at most %d", after, before-32<<20)
+			}
+			if !tc.returns && after != before {
+				t.Errorf("thick image allocates %d bytes after the delete, want %d", after, before)
+			}
+			f.unpublish(id, publish.TargetPath)
+			f.unstage(id, stage.StagingTargetPath)
+			f.checkGone(id)
+		})
+	}
+}
+
+// allocated is how much of the pool the file takes (st_blocks).
+func allocated(t *testing.T, path string) int64 {
+	t.Helper()
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		t.Fatal(err)
+	}
+	return st.Blocks * 512
 }
 
 // TestRealOldDevice: a volume staged before this change — its image on a
@@ -132,7 +210,7 @@ func TestRealOldDevice(t *testing.T) {
 	if got := f.device(id); got != dev {
 		t.Fatalf("stage used %s, want the old device %s", got, dev)
 	}
-	f.checkTuned("after stage", dev, 512)
+	f.checkTuned("after stage", dev, 512, false)
 	f.publish(publish)
 	want := writeRandomFile(t, filepath.Join(publish.TargetPath, "f"), 1<<20)
 	f.unpublish(id, publish.TargetPath)
@@ -141,7 +219,7 @@ func TestRealOldDevice(t *testing.T) {
 
 	// Attached anew by this plugin.
 	f.stage(stage)
-	f.checkTuned("after a new attach", f.device(id), 1024)
+	f.checkTuned("after a new attach", f.device(id), 1024, false)
 	f.publish(publish)
 	if got := checksum(t, filepath.Join(publish.TargetPath, "f")); got != want {
 		t.Errorf("data differs after the new attach")

@@ -72,7 +72,7 @@ func (n *node) stage(ctx context.Context, a stageArgs) error {
 				return err
 			}
 			if ok && mp.path == staging.path && n.mountedFrom(mp, dev) {
-				n.tune(ctx, dev)
+				n.tune(ctx, dev, v)
 				logger.V(4).Info("Volume was already staged", "stagingTargetPath", staging.path, "device", dev)
 				return n.growAfterStage(ctx, v, dev, staging, readOnly) // a growth that failed before
 			}
@@ -84,7 +84,7 @@ func (n *node) stage(ctx context.Context, a stageArgs) error {
 	if err != nil {
 		return err
 	}
-	n.tune(ctx, dev)
+	n.tune(ctx, dev, v)
 	if a.cap.block {
 		logger.V(2).Info("Staged block volume", "device", dev, "readOnly", readOnly)
 		return nil

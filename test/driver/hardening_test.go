@@ -28,7 +28,7 @@ func TestNodeRefusesHostilePathsAndFlags(t *testing.T) {
 		}
 	}
 	stagingB, targetB := paths(c.kubeletA, filepath.Base(b))
-	for _, flag := range []string{"discard", "loop", "X-mount.subdir=lost+found"} {
+	for _, flag := range []string{"loop", "X-mount.subdir=lost+found"} {
 		flagged := mountCap(snw, "ext4")
 		flagged.GetMount().MountFlags = []string{"noatime", flag}
 		_, err := c.nodeA.NodeStageVolume(bg(), &csi.NodeStageVolumeRequest{VolumeId: b, StagingTargetPath: stagingB, VolumeCapability: flagged})

@@ -37,6 +37,7 @@ type device struct {
 	directIO bool
 	size     int64
 	tuned    bool
+	discard  bool
 }
 
 var _ loop.Interface = (*Fake)(nil)
@@ -168,8 +169,8 @@ func (f *Fake) Status(devPath string) (loop.Status, error) {
 }
 
 // Tune implements loop.Interface: the fake records that the device was
-// tuned (Tuned).
-func (f *Fake) Tune(devPath string) error {
+// tuned (Tuned) and whether it passes discards (Discards).
+func (f *Fake) Tune(devPath string, discard bool) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.call("Tune %s", devPath); err != nil {
@@ -183,7 +184,17 @@ func (f *Fake) Tune(devPath string) error {
 		return fmt.Errorf("%s: %w", devPath, loop.ErrNotAttached)
 	}
 	d.tuned = true
+	d.discard = discard
 	return nil
+}
+
+// Discards reports whether the attached device was last tuned to pass
+// discards (a thin volume's).
+func (f *Fake) Discards(devPath string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	d, ok := f.devices[devPath]
+	return ok && d.tuned && d.discard
 }
 
 // Tuned reports whether the attached device was tuned.
