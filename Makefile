@@ -147,8 +147,8 @@ e2e-k8s-images: cluster-images e2e-k8s-tools ##@ make cluster-images plus the su
 
 test-e2e-k8s: e2e-k8s-images ##@ The storage e2e suite's External.Storage specs but Serial, Disruptive and Slow, on a real cluster (root; E2E_K8S_FOCUS/E2E_K8S_SKIP narrow it).
 	@echo "### test-e2e-k8s"
-	$(GO) test -count=1 -timeout 150m -v -run TestExternalStorage ./test/e2e-k8s/ 2>&1 | tee $(BIN)/e2e-k8s.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|e2e-k8s:)|e2e_test.go|cluster: (up|down)|^ *\|' ; exit $${PIPESTATUS[0]}
+	$(GO) test -count=1 -timeout 150m -v ./test/e2e-k8s/ 2>&1 | tee $(BIN)/e2e-k8s.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|e2e-k8s:)|e2e_test.go|nodessh_test.go|cluster: (up|down)|^ *\|' ; exit $${PIPESTATUS[0]}
 
 test-e2e-k8s-rest: e2e-k8s-images ##@ The same suite's Serial, Disruptive and Slow External.Storage specs (root).
 	@echo "### test-e2e-k8s-rest"
-	E2E_K8S_SUITE=rest $(GO) test -count=1 -timeout 300m -v -run TestExternalStorage ./test/e2e-k8s/ 2>&1 | tee $(BIN)/e2e-k8s-rest.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|e2e-k8s:)|e2e_test.go|cluster: (up|down)|^ *\|' ; exit $${PIPESTATUS[0]}
+	E2E_K8S_SUITE=rest $(GO) test -count=1 -timeout 300m -v ./test/e2e-k8s/ 2>&1 | tee $(BIN)/e2e-k8s-rest.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|e2e-k8s:)|e2e_test.go|nodessh_test.go|cluster: (up|down)|^ *\|' ; exit $${PIPESTATUS[0]}

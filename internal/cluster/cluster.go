@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -46,9 +47,15 @@ type Cluster struct {
 	containerdDir      string
 	kubeletPort        int
 	kubeletHealthzPort int
-	procs              []*process
-	kubelet            *process
-	containerd         *process
+	// mu guards procs and kubelet, which StopKubelet and StartKubelet
+	// change while the cluster runs.
+	mu         sync.Mutex
+	procs      []*process
+	kubelet    *process
+	containerd *process
+	// kubeletArgs and kubeletEnv start kubelet again (StartKubelet).
+	kubeletArgs []string
+	kubeletEnv  []string
 	// created are the directories outside Dir that this cluster made,
 	// removed by Down.
 	created []string
@@ -276,9 +283,14 @@ func (c *Cluster) up(ctx context.Context) error {
 	if c.cfg.NodeIP != "" {
 		kubeletArgs = append(kubeletArgs, "--node-ip="+c.cfg.NodeIP)
 	}
-	if c.kubelet, err = c.start("kubelet", []string{path}, kubeletArgs...); err != nil {
+	c.kubeletArgs, c.kubeletEnv = kubeletArgs, []string{path}
+	kubelet, err := c.start("kubelet", c.kubeletEnv, c.kubeletArgs...)
+	if err != nil {
 		return err
 	}
+	c.mu.Lock()
+	c.kubelet = kubelet
+	c.mu.Unlock()
 	if err := c.poll("node Ready without the not-ready taint", 3*time.Minute, func() error {
 		n, err := c.Client.CoreV1().Nodes().Get(ctx, c.NodeName, metav1.GetOptions{})
 		if err != nil {

@@ -29,7 +29,15 @@ import (
 func (c *Cluster) Down(ctx context.Context) error {
 	start := time.Now()
 	var errs []error
-	if c.Client != nil && c.kubelet != nil && c.kubelet.exited() == nil {
+	// A kubelet left stopped (StopKubelet, by a disruptive spec that
+	// failed half-way) is started again, so that it deletes the pods and
+	// unmounts their volumes through the driver.
+	if c.Client != nil && c.kubeletArgs != nil && !c.KubeletRunning() {
+		if err := c.StartKubelet(); err != nil {
+			c.say("cluster: teardown: %v (going on)", err)
+		}
+	}
+	if c.Client != nil && c.KubeletRunning() {
 		if err := c.deletePods(ctx, 90*time.Second); err != nil {
 			c.say("cluster: teardown: %v (going on)", err)
 		}

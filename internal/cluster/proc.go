@@ -43,7 +43,9 @@ func (c *Cluster) start(name string, env []string, args ...string) (*process, er
 		p.err = cmd.Wait()
 		close(p.done)
 	}()
+	c.mu.Lock()
 	c.procs = append(c.procs, p)
+	c.mu.Unlock()
 	return p, nil
 }
 
@@ -123,6 +125,19 @@ func zombie(stat string) bool {
 
 var errNotReady = errors.New("not ready")
 
+// exitedProcess returns the error of the first process of the cluster
+// that has ended, or nil.
+func (c *Cluster) exitedProcess() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, p := range c.procs {
+		if err := p.exited(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // poll calls f every interval until it returns nil, or timeout passes (the
 // last error), or a process of the cluster exits.
 func (c *Cluster) poll(what string, timeout time.Duration, f func() error) error {
@@ -132,10 +147,8 @@ func (c *Cluster) poll(what string, timeout time.Duration, f func() error) error
 		if err == nil {
 			return nil
 		}
-		for _, p := range c.procs {
-			if perr := p.exited(); perr != nil {
-				return fmt.Errorf("%s: %w", what, perr)
-			}
+		if perr := c.exitedProcess(); perr != nil {
+			return fmt.Errorf("%s: %w", what, perr)
 		}
 		if time.Now().After(deadline) {
 			return fmt.Errorf("%s: not within %s: %w", what, timeout, err)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -95,11 +96,23 @@ func TestExternalStorage(t *testing.T) {
 		t.Fatal(err)
 	}
 	clustertest.DeployWithSnapshots(ctx, t, c, root, local)
+	// The volume-modify spec "should recover from invalid target VAC"
+	// creates a VolumeAttributesClass of the driver with an unknown key,
+	// which the base's admission policy refuses up front (test/e2e's
+	// admission tests prove it). Without its binding the suite sees the
+	// driver's own answer: INVALID_ARGUMENT, the claim Infeasible, then
+	// modified to a valid class.
+	if o, err := c.Kubectl(ctx, "delete", "validatingadmissionpolicybinding", "loopvol-volumeattributesclass-parameters"); err != nil {
+		t.Fatalf("delete the VolumeAttributesClass policy binding: %v\n%s", err, o)
+	}
 
 	report := filepath.Join(c.LogDir, "e2e-k8s")
 	if err := os.MkdirAll(report, 0o755); err != nil {
 		t.Fatal(err)
 	}
+	// The disruptive specs restart kubelet over SSH (nodessh_test.go).
+	t.Setenv("KUBE_SSH_KEY_PATH", startNodeSSH(t, c, net.JoinHostPort(cluster.NetNSNodeIP(), "22"), report))
+	t.Setenv("KUBE_SSH_USER", "root")
 	procs := 4
 	if p := os.Getenv(procsEnv); p != "" {
 		if procs, err = strconv.Atoi(p); err != nil || procs < 1 {
@@ -126,6 +139,9 @@ func TestExternalStorage(t *testing.T) {
 		// (through a host-exec pod), which is the cluster's own.
 		"-kubelet-root-dir=" + c.KubeletDir,
 		"-storage.testdriver=" + filepath.Join(root, "test", "e2e-k8s", "test-driver.yaml"),
+		// test-driver.yaml names its VolumeAttributesClass file relative
+		// to the repository.
+		"-repo-root=" + root,
 		"-report-dir=" + report,
 		// No ssh to the node: nothing to collect logs with (the
 		// cluster's logs are kept under LogDir).

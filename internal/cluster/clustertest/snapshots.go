@@ -20,10 +20,11 @@ import (
 // the name the snapshotter component's image is renamed to here.
 const SnapshotterImage = "localhost/loopvol/csi-snapshotter:v8.7.0"
 
-// SnapshotCRDs applies the VolumeSnapshot CRDs from the module cache: those
-// of external-snapshotter's client module that hack/tools/snapshotter/go.mod
-// pins (config/crd; hack/tools/build.sh csi-snapshotter downloads it), so
-// that they always match the binaries, and waits until they are served.
+// SnapshotCRDs applies the VolumeSnapshot and VolumeGroupSnapshot CRDs
+// from the module cache: those of external-snapshotter's client module
+// that hack/tools/snapshotter/go.mod pins (config/crd; hack/tools/build.sh
+// csi-snapshotter downloads it), so that they always match the binaries,
+// and waits until they are served.
 func SnapshotCRDs(ctx context.Context, t *testing.T, c *cluster.Cluster, root string) {
 	t.Helper()
 	cmd := exec.CommandContext(ctx, "go", "list", "-mod=mod", "-m", "-f", "{{.Dir}}", "github.com/kubernetes-csi/external-snapshotter/client/v8")
@@ -39,7 +40,9 @@ func SnapshotCRDs(ctx context.Context, t *testing.T, c *cluster.Cluster, root st
 	}
 	if o, err := c.Kubectl(ctx, "wait", "--for=condition=Established", "--timeout=60s",
 		"crd/volumesnapshots.snapshot.storage.k8s.io", "crd/volumesnapshotcontents.snapshot.storage.k8s.io",
-		"crd/volumesnapshotclasses.snapshot.storage.k8s.io"); err != nil {
+		"crd/volumesnapshotclasses.snapshot.storage.k8s.io",
+		"crd/volumegroupsnapshots.groupsnapshot.storage.k8s.io", "crd/volumegroupsnapshotcontents.groupsnapshot.storage.k8s.io",
+		"crd/volumegroupsnapshotclasses.groupsnapshot.storage.k8s.io"); err != nil {
 		t.Fatalf("VolumeSnapshot CRDs not established: %v\n%s", err, o)
 	}
 	t.Logf("VolumeSnapshot CRDs applied from %s", dir)

@@ -1,0 +1,65 @@
+package cluster
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+)
+
+// kubeletStopGrace is how long StopKubelet waits after SIGTERM before it
+// kills kubelet: systemd's default stop timeout is longer, but a kubelet
+// that outlives a few seconds of SIGTERM is stuck.
+const kubeletStopGrace = 20 * time.Second
+
+// errKubeletStopped: StartKubelet's counterpart was never called.
+var errKubeletStopped = errors.New("kubelet is stopped")
+
+// StopKubelet stops kubelet as `systemctl stop kubelet` does on a node:
+// SIGTERM, and the pods' containers go on running under containerd. The
+// storage e2e suite's disruptive specs stop kubelet, change pods while it
+// is down, and start it again (test/e2e-k8s). Stopping a stopped kubelet
+// does nothing.
+func (c *Cluster) StopKubelet() {
+	c.mu.Lock()
+	p := c.kubelet
+	if p == nil || p.exited() != nil {
+		c.mu.Unlock()
+		return
+	}
+	// Out of procs first, so that poll does not take the stop for a
+	// crash.
+	c.procs = slices.DeleteFunc(c.procs, func(q *process) bool { return q == p })
+	c.mu.Unlock()
+	p.stop(kubeletStopGrace)
+	c.say("cluster: kubelet stopped")
+}
+
+// StartKubelet starts kubelet again, with the flags Up gave it, after
+// StopKubelet; a running kubelet is left alone. It does not wait for the
+// node to be Ready: the caller waits for what it needs (the suite waits for
+// a heartbeat of the new kubelet).
+func (c *Cluster) StartKubelet() error {
+	if c.KubeletRunning() {
+		return nil
+	}
+	if c.kubeletArgs == nil {
+		return fmt.Errorf("start kubelet: %w before Up started it", errKubeletStopped)
+	}
+	p, err := c.start("kubelet", c.kubeletEnv, c.kubeletArgs...)
+	if err != nil {
+		return err
+	}
+	c.mu.Lock()
+	c.kubelet = p
+	c.mu.Unlock()
+	c.say("cluster: kubelet started again")
+	return nil
+}
+
+// KubeletRunning tells whether kubelet's process runs.
+func (c *Cluster) KubeletRunning() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.kubelet != nil && c.kubelet.exited() == nil
+}
