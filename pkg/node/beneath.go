@@ -180,12 +180,22 @@ func openChild(dir int, name string) (int, uint32, error) {
 		return -1, 0, err
 	}
 	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
+	if err := unix.Fstat(fd, &st); errors.Is(err, unix.EIO) {
+		// The root of a filesystem that answers every stat with EIO (an
+		// xfs that shut down): it is there, of no kind we can tell, and it
+		// must still be found and unmounted (sysMounts.at).
+		return fd, modeUnreadable, nil
+	} else if err != nil {
 		_ = unix.Close(fd)
 		return -1, 0, err
 	}
 	return fd, st.Mode & unix.S_IFMT, nil
 }
+
+// modeUnreadable is the mode of an object whose stat failed with EIO: all
+// the type bits, which no real object has, so it is neither a directory
+// nor a file.
+const modeUnreadable = unix.S_IFMT
 
 // noOpenat2 is set once openat2 proved missing (ENOSYS, or a seccomp filter
 // that answers EPERM), so that every later walk goes straight to the

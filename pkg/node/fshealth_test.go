@@ -91,13 +91,10 @@ func TestRealFilesystemHealth(t *testing.T) {
 			}
 			tc.fail(t, stage.StagingTargetPath, dev)
 			wantReason(t, f.healthReasons(id, stage.StagingTargetPath), tc.reason, tc.parts...)
-			if tc.fsType == "ext4" {
-				f.unstage(id, stage.StagingTargetPath)
-			}
-			// A shut-down xfs: NodeUnstageVolume fails today (resolving the
-			// staging path reopens the mount's root, which gives EIO; a
-			// known bug of pkg/node's unstage, reported to the lead); the
-			// fixture's cleanup unmounts it with umount2.
+			// Unstaged like any other, also a shut-down xfs, whose root
+			// answers every stat with EIO.
+			f.unstage(id, stage.StagingTargetPath)
+			f.checkGone(id)
 		})
 	}
 }

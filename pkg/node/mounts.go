@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"sync/atomic"
 
 	"golang.org/x/sys/unix"
@@ -108,7 +111,9 @@ func (sysMounts) at(r *resolved) (mountEntry, bool, error) {
 		return mountEntry{}, false, nil
 	}
 	var stx unix.Statx_t
-	if err := unix.Statx(r.fd, "", unix.AT_EMPTY_PATH|unix.AT_STATX_DONT_SYNC, unix.STATX_MNT_ID|unix.STATX_TYPE, &stx); err != nil {
+	if err := unix.Statx(r.fd, "", unix.AT_EMPTY_PATH|unix.AT_STATX_DONT_SYNC, unix.STATX_MNT_ID|unix.STATX_TYPE, &stx); errors.Is(err, unix.EIO) {
+		return unreadableMountAt(r, err)
+	} else if err != nil {
 		return mountEntry{}, false, fmt.Errorf("statx %s: %w", r.path, err)
 	}
 	byID := stx.Mask&unix.STATX_MNT_ID != 0 && stx.Attributes_mask&unix.STATX_ATTR_MOUNT_ROOT != 0
@@ -144,6 +149,39 @@ func (sysMounts) at(r *resolved) (mountEntry, bool, error) {
 		e.rootRdev = unix.Mkdev(stx.Rdev_major, stx.Rdev_minor)
 	}
 	return e, true, nil
+}
+
+// unreadableMountAt is at for a descriptor that statx answers with EIO: the
+// root of a filesystem that shut down (xfs after an I/O error, or
+// xfs_io's shutdown), which must still be unmounted. The mount it is on
+// comes from /proc/self/fdinfo (the kernel's, no stat involved); the
+// descriptor is that mount's root when the mount's mount point is the
+// resolved path. Anything else keeps the error: a broken filesystem below
+// the path is nothing the driver mounted there.
+func unreadableMountAt(r *resolved, statErr error) (mountEntry, bool, error) {
+	info, err := os.ReadFile("/proc/self/fdinfo/" + strconv.Itoa(r.fd))
+	if err != nil {
+		return mountEntry{}, false, fmt.Errorf("statx %s: %w (and its fdinfo: %v)", r.path, statErr, err)
+	}
+	var mntID int
+	for _, line := range strings.Split(string(info), "\n") {
+		if v, ok := strings.CutPrefix(line, "mnt_id:"); ok {
+			mntID, err = strconv.Atoi(strings.TrimSpace(v))
+		}
+	}
+	if mntID == 0 || err != nil {
+		return mountEntry{}, false, fmt.Errorf("statx %s: %w (no mount ID in its fdinfo)", r.path, statErr)
+	}
+	mis, err := mount.ParseMountInfo(mountInfoPath)
+	if err != nil {
+		return mountEntry{}, false, fmt.Errorf("read the mount table: %w", err)
+	}
+	for _, mi := range mis {
+		if mi.ID == mntID && mi.MountPoint == r.path {
+			return entryOf(mi), true, nil
+		}
+	}
+	return mountEntry{}, false, fmt.Errorf("statx %s: %w", r.path, statErr)
 }
 
 // mountFS mounts with mount(2) on the descriptor's magic link: the kernel
