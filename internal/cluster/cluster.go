@@ -284,13 +284,9 @@ func (c *Cluster) up(ctx context.Context) error {
 		kubeletArgs = append(kubeletArgs, "--node-ip="+c.cfg.NodeIP)
 	}
 	c.kubeletArgs, c.kubeletEnv = kubeletArgs, []string{path}
-	kubelet, err := c.start("kubelet", c.kubeletEnv, c.kubeletArgs...)
-	if err != nil {
+	if err := c.runKubelet(); err != nil {
 		return err
 	}
-	c.mu.Lock()
-	c.kubelet = kubelet
-	c.mu.Unlock()
 	if err := c.poll("node Ready without the not-ready taint", 3*time.Minute, func() error {
 		n, err := c.Client.CoreV1().Nodes().Get(ctx, c.NodeName, metav1.GetOptions{})
 		if err != nil {

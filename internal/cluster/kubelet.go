@@ -46,6 +46,15 @@ func (c *Cluster) StartKubelet() error {
 	if c.kubeletArgs == nil {
 		return fmt.Errorf("start kubelet: %w before Up started it", errKubeletStopped)
 	}
+	if err := c.runKubelet(); err != nil {
+		return err
+	}
+	c.say("cluster: kubelet started again")
+	return nil
+}
+
+// runKubelet starts kubelet with kubeletArgs and kubeletEnv.
+func (c *Cluster) runKubelet() error {
 	p, err := c.start("kubelet", c.kubeletEnv, c.kubeletArgs...)
 	if err != nil {
 		return err
@@ -53,7 +62,6 @@ func (c *Cluster) StartKubelet() error {
 	c.mu.Lock()
 	c.kubelet = p
 	c.mu.Unlock()
-	c.say("cluster: kubelet started again")
 	return nil
 }
 

@@ -12,8 +12,6 @@ import (
 	"strings"
 	"testing"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/loopvol/loopvol/pkg/loop"
 	"github.com/loopvol/loopvol/pkg/loop/looptest"
 )
@@ -132,11 +130,11 @@ func TestTuneDiscards(t *testing.T) {
 	}
 
 	dev := attach(false)
-	allocated := allocatedBytes(t, image)
+	allocated := looptest.AllocatedBytes(t, image)
 	if err := discard(dev); err == nil {
 		t.Errorf("blkdiscard on a thick volume's device succeeded, want it refused")
 	}
-	if got := allocatedBytes(t, image); got != allocated {
+	if got := looptest.AllocatedBytes(t, image); got != allocated {
 		t.Errorf("image allocates %d bytes after the refused discard, want %d", got, allocated)
 	}
 	if err := d.Detach(dev); err != nil {
@@ -158,22 +156,12 @@ func TestTuneDiscards(t *testing.T) {
 	if err := discard(dev); err != nil {
 		t.Fatalf("blkdiscard on a thin volume's device: %v", err)
 	}
-	if got := allocatedBytes(t, image); got > allocated-8*mib {
+	if got := looptest.AllocatedBytes(t, image); got > allocated-8*mib {
 		t.Errorf("image allocates %d bytes after discarding 8 MiB, want at most %d", got, allocated-8*mib)
 	}
 	if err := d.Detach(dev); err != nil {
 		t.Fatal(err)
 	}
-}
-
-// allocatedBytes is how much of the pool the file takes (st_blocks).
-func allocatedBytes(t *testing.T, path string) int64 {
-	t.Helper()
-	var st unix.Stat_t
-	if err := unix.Stat(path, &st); err != nil {
-		t.Fatal(err)
-	}
-	return st.Blocks * 512
 }
 
 // TestTuneOldDevice: a device attached the old way, with 512-byte sectors

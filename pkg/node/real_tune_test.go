@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/loopvol/loopvol/pkg/loop"
+	"github.com/loopvol/loopvol/pkg/loop/looptest"
 	"github.com/loopvol/loopvol/pkg/pool"
 )
 
@@ -146,7 +147,7 @@ func TestRealDiscards(t *testing.T) {
 			file := filepath.Join(publish.TargetPath, "f")
 			writeRandomFile(t, file, 32<<20)
 			unix.Sync()
-			before := allocated(t, f.pool.ImagePath(id))
+			before := looptest.AllocatedBytes(t, f.pool.ImagePath(id))
 			if err := os.Remove(file); err != nil {
 				t.Fatal(err)
 			}
@@ -159,7 +160,7 @@ func TestRealDiscards(t *testing.T) {
 					t.Errorf("fstrim: %v (%s); want it to work only in a thin volume", err, out)
 				}
 			}
-			after := allocated(t, f.pool.ImagePath(id))
+			after := looptest.AllocatedBytes(t, f.pool.ImagePath(id))
 			if tc.returns && after > before-32<<20 {
 				t.Errorf("image allocates %d bytes after the file's 32 MiB were deleted, want at most %d", after, before-32<<20)
 			}
@@ -171,16 +172,6 @@ func TestRealDiscards(t *testing.T) {
 			f.checkGone(id)
 		})
 	}
-}
-
-// allocated is how much of the pool the file takes (st_blocks).
-func allocated(t *testing.T, path string) int64 {
-	t.Helper()
-	var st unix.Stat_t
-	if err := unix.Stat(path, &st); err != nil {
-		t.Fatal(err)
-	}
-	return st.Blocks * 512
 }
 
 // TestRealOldDevice: a volume staged before this change — its image on a

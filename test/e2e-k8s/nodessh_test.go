@@ -66,22 +66,9 @@ type nodeSSH struct {
 // end.
 func startNodeSSH(t *testing.T, c *cluster.Cluster, addr, dir string) string {
 	t.Helper()
-	_, hostPriv, err := ed25519.GenerateKey(rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	hostKey, err := ssh.NewSignerFromKey(hostPriv)
-	if err != nil {
-		t.Fatal(err)
-	}
-	clientPub, clientPriv, err := ed25519.GenerateKey(rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	authorized, err := ssh.NewPublicKey(clientPub)
-	if err != nil {
-		t.Fatal(err)
-	}
+	hostKey, _ := newSSHKey(t)
+	client, clientPriv := newSSHKey(t)
+	authorized := client.PublicKey()
 	block, err := ssh.MarshalPrivateKey(clientPriv, "loopvol e2e-k8s")
 	if err != nil {
 		t.Fatal(err)
@@ -109,6 +96,20 @@ func startNodeSSH(t *testing.T, c *cluster.Cluster, addr, dir string) string {
 	t.Cleanup(n.close)
 	t.Logf("node SSH endpoint on %s (key %s)", addr, keyPath)
 	return keyPath
+}
+
+// newSSHKey makes an ed25519 key: its signer and the private key.
+func newSSHKey(t *testing.T) (ssh.Signer, ed25519.PrivateKey) {
+	t.Helper()
+	_, priv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	signer, err := ssh.NewSignerFromKey(priv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return signer, priv
 }
 
 func (n *nodeSSH) close() {

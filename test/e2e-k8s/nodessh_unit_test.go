@@ -1,8 +1,6 @@
 package e2ek8s
 
 import (
-	"crypto/ed25519"
-	"crypto/rand"
 	"errors"
 	"net"
 	"os"
@@ -75,14 +73,7 @@ func TestNodeSSH(t *testing.T) {
 		}
 	}
 
-	_, other, err := ed25519.GenerateKey(rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	otherSigner, err := ssh.NewSignerFromKey(other)
-	if err != nil {
-		t.Fatal(err)
-	}
+	otherSigner, _ := newSSHKey(t)
 	if c, err := ssh.Dial("tcp", addr, &ssh.ClientConfig{User: "root", Auth: []ssh.AuthMethod{ssh.PublicKeys(otherSigner)}, HostKeyCallback: ssh.InsecureIgnoreHostKey()}); err == nil {
 		c.Close()
 		t.Error("another key was let in")

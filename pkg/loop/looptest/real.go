@@ -161,3 +161,13 @@ func unmountOrReport(t testing.TB, dir string) {
 	t.Errorf("cleanup: unmount %s: %v; detached it lazily (something the test started still uses it)", dir, err)
 	_ = unix.Unmount(dir, unix.MNT_DETACH)
 }
+
+// AllocatedBytes is how much of its filesystem the file takes (st_blocks).
+func AllocatedBytes(t testing.TB, path string) int64 {
+	t.Helper()
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		t.Fatal(err)
+	}
+	return st.Blocks * 512
+}
