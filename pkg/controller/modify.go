@@ -2,6 +2,7 @@ package controller
 
 import (
 	"context"
+	"maps"
 	"slices"
 	"strings"
 
@@ -58,6 +59,12 @@ func (s *Server) parseMutable(params map[string]string) (mutable, error) {
 		if len(k) > maxParameterKeyLen || len(v) > maxObjectNameLength {
 			return m, invalid("mutable parameter %.64q... is too long for any loopvol key or value", k)
 		}
+		if strings.HasPrefix(k, kubernetesPrefix) {
+			// The claim's and the volume's names that external-resizer
+			// (and loopvol's resizer) add with --extra-modify-metadata:
+			// who asks, not what to change.
+			continue
+		}
 		switch k {
 		case MutablePreallocate:
 			switch v {
@@ -80,6 +87,15 @@ func (s *Server) parseMutable(params map[string]string) (mutable, error) {
 		}
 	}
 	return m, nil
+}
+
+// changes returns the mutable parameters that change a volume (those
+// parseMutable knows), without the csi.storage.k8s.io/ names: what a
+// record's Modifying keeps.
+func changes(params map[string]string) map[string]string {
+	kept := maps.Clone(params)
+	maps.DeleteFunc(kept, func(k, _ string) bool { return strings.HasPrefix(k, kubernetesPrefix) })
+	return kept
 }
 
 // ControllerModifyVolume applies a VolumeAttributesClass's mutable
@@ -129,7 +145,7 @@ func (s *Server) controllerModifyVolume(ctx context.Context, req *csi.Controller
 					MutablePool, v.ID, strings.Join(nodesOf(v), ", "), to.Name)
 			}
 		}
-		thin, params := m.thin, req.GetMutableParameters()
+		thin, params := m.thin, changes(req.GetMutableParameters())
 		if thin == nil && to != nil && v.Modifying != nil {
 			// A change of layout that a crash interrupted, asked by
 			// an earlier class: finished before the move, which

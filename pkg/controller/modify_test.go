@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"maps"
 	"os"
 	"slices"
 	"strings"
@@ -23,6 +24,12 @@ func allocatedBytes(t *testing.T, f *fixture, volumeID string) int64 {
 		t.Fatal(err)
 	}
 	return st.Blocks * 512
+}
+
+// extraModifyMetadata are the keys the resizer's --extra-modify-metadata
+// adds to the mutable parameters.
+var extraModifyMetadata = map[string]string{
+	"csi.storage.k8s.io/pvc/name": "data", "csi.storage.k8s.io/pvc/namespace": "db", "csi.storage.k8s.io/pv/name": "pvc-1234",
 }
 
 func withMutable(req *csi.CreateVolumeRequest, params map[string]string) *csi.CreateVolumeRequest {
@@ -57,6 +64,7 @@ func TestMutableParametersAreStrict(t *testing.T) {
 		{name: "io limit → INVALID_ARGUMENT with the reason", params: map[string]string{"ioLimitMiBps": "100"}, code: codes.InvalidArgument, message: []string{`"ioLimitMiBps"`, "cannot enforce"}},
 		{name: "a bad key among good ones changes nothing", params: map[string]string{"preallocate": "false", "zzz": "1"}, code: codes.InvalidArgument, message: []string{`"zzz"`}},
 		{name: "its own pool → OK", params: map[string]string{"pool": poolOf(t, vol.Volume.VolumeId)}, code: codes.OK},
+		{name: "the names --extra-modify-metadata adds → OK, nothing changed", params: extraModifyMetadata, code: codes.OK},
 		{name: "nothing → OK", params: nil, code: codes.OK},
 	}
 	for _, tc := range tests {
@@ -150,7 +158,10 @@ func TestModifyPreallocate(t *testing.T) {
 	if _, err := f.s.ControllerUnpublishVolume(c, &csi.ControllerUnpublishVolumeRequest{VolumeId: id, NodeId: "n1"}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.s.ControllerModifyVolume(c, &csi.ControllerModifyVolumeRequest{VolumeId: id, MutableParameters: thin}); err != nil {
+	// With the names --extra-modify-metadata adds: applied the same.
+	withNames := maps.Clone(thin)
+	maps.Copy(withNames, extraModifyMetadata)
+	if _, err := f.s.ControllerModifyVolume(c, &csi.ControllerModifyVolumeRequest{VolumeId: id, MutableParameters: withNames}); err != nil {
 		t.Fatal(err)
 	}
 	if a := allocatedBytes(t, f, id); a != 0 {

@@ -43,9 +43,11 @@ func TestModify(t *testing.T) {
 	// --retry-interval-start=200ms: the FAILED_PRECONDITION retry (final:
 	// at least 32 intervals) comes 6.4 s later, not 32 s. An infeasible
 	// class waits --retry-interval-max (5m): longer than the test, so it is
-	// tried exactly once.
+	// tried exactly once. --extra-modify-metadata: every
+	// ControllerModifyVolume carries the claim's and the volume's names
+	// too, which the driver takes and ignores.
 	s := r.startSidecar("resizer", r.restrictedKubeconfig("loopvol-modifier-"+r.id, metav1.NamespaceDefault, "rbac-resizer.yaml"),
-		"--controllers=resizer", "--retry-interval-start=200ms")
+		"--controllers=resizer", "--retry-interval-start=200ms", "--extra-modify-metadata")
 	thinVAC := r.createClass("thin", map[string]string{"preallocate": "false"})
 	thickVAC := r.createClass("thick", map[string]string{"preallocate": "true"})
 	// A valid pool name, so loopvol-volumeattributesclass-parameters lets
