@@ -3,6 +3,7 @@ package controller
 import (
 	"context"
 	"errors"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -68,6 +69,9 @@ type member struct {
 // freeze, clone every member, thaw, and write the record ready. A failure
 // removes what was made; a crash leaves a record that says not ready, which
 // the retry or Sweep removes.
+//
+// Its parameters are a StorageClass's (validateParameters), and also
+// "deletionPolicy" (withoutGroupClassFields).
 func (s *Server) createGroup(ctx context.Context, req *csi.CreateVolumeGroupSnapshotRequest) (*csi.CreateVolumeGroupSnapshotResponse, error) {
 	logger := klog.FromContext(ctx)
 	name := req.GetName()
@@ -80,7 +84,7 @@ func (s *Server) createGroup(ctx context.Context, req *csi.CreateVolumeGroupSnap
 	if len(req.GetSourceVolumeIds()) > maxGroupMembers {
 		return nil, invalid("%d source_volume_ids; a group snapshot has at most %d", len(req.GetSourceVolumeIds()), maxGroupMembers)
 	}
-	if err := validateParameters(req.GetParameters()); err != nil {
+	if err := validateParameters(withoutGroupClassFields(req.GetParameters())); err != nil {
 		return nil, err
 	}
 	var p *pool.Pool
@@ -365,4 +369,23 @@ func (s *Server) getGroup(_ context.Context, req *csi.GetVolumeGroupSnapshotRequ
 		return nil, err
 	}
 	return &csi.GetVolumeGroupSnapshotResponse{GroupSnapshot: vgs}, nil
+}
+
+// groupClassFieldInParameters is a VolumeGroupSnapshotClass field that the
+// upstream storage e2e suite (k8s.io/kubernetes test/e2e/storage/utils
+// GenerateVolumeGroupSnapshotClassSpec) also copies into the class's
+// parameters, so that every group snapshot of its classes carries it. It
+// is the snapshot-controller's business, nothing to the driver: taken and
+// ignored, where any other unknown key is refused.
+const groupClassFieldInParameters = "deletionPolicy"
+
+// withoutGroupClassFields returns params without
+// groupClassFieldInParameters.
+func withoutGroupClassFields(params map[string]string) map[string]string {
+	if _, ok := params[groupClassFieldInParameters]; !ok {
+		return params
+	}
+	kept := maps.Clone(params)
+	delete(kept, groupClassFieldInParameters)
+	return kept
 }

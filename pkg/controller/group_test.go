@@ -18,6 +18,11 @@ func groupReq(name string, ids ...string) *csi.CreateVolumeGroupSnapshotRequest 
 	return &csi.CreateVolumeGroupSnapshotRequest{Name: name, SourceVolumeIds: ids}
 }
 
+func withGroupParameters(req *csi.CreateVolumeGroupSnapshotRequest, params map[string]string) *csi.CreateVolumeGroupSnapshotRequest {
+	req.Parameters = params
+	return req
+}
+
 // volumes creates n volumes in the fixture's pool poolName.
 func (f *fixture) volumes(t *testing.T, poolName, prefix string, n int) []string {
 	t.Helper()
@@ -57,7 +62,10 @@ func TestGroupSnapshotLifecycle(t *testing.T) {
 	}
 
 	t.Run("retry → the same group", func(t *testing.T) {
-		again, err := f.s.CreateVolumeGroupSnapshot(c, groupReq("group-1", vols[2], vols[0], vols[1]))
+		req := groupReq("group-1", vols[2], vols[0], vols[1])
+		// As the upstream e2e suite's classes send it: taken, ignored.
+		req.Parameters = map[string]string{"deletionPolicy": "Delete"}
+		again, err := f.s.CreateVolumeGroupSnapshot(c, req)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -78,6 +86,7 @@ func TestGroupSnapshotLifecycle(t *testing.T) {
 			{name: "a volume twice → INVALID_ARGUMENT", req: groupReq("group-2", vols[0], vols[0]), code: codes.InvalidArgument},
 			{name: "unknown volume → NOT_FOUND", req: groupReq("group-2", vols[0], "p1.0123456789abcdef0123456789abcdef"), code: codes.NotFound},
 			{name: "volumes of two pools → FAILED_PRECONDITION", req: groupReq("group-2", vols[0], other[0]), code: codes.FailedPrecondition},
+			{name: "unknown parameter → INVALID_ARGUMENT", req: withGroupParameters(groupReq("group-2", vols...), map[string]string{"deletionPolicy": "Delete", "consistency": "app"}), code: codes.InvalidArgument},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
 				_, err := f.s.CreateVolumeGroupSnapshot(c, tc.req)
