@@ -30,7 +30,7 @@ run: build ##@ Start the driver (all services) on pool ./_run/pool, socket ./_ru
 	$(BIN)/driver --mode=all --endpoint=unix://$(RUN)/csi.sock --pool=default=$(RUN)/pool \
 		--kubelet-dir=$(RUN)/kubelet --node-id=$$(hostname) --http-endpoint=127.0.0.1:9808 --v=2
 
-test: test-fmt test-vet test-logcheck test-go test-sanity test-e2e test-images test-cluster ##@ Run every check and test (real loop devices and mounts need root).
+test: test-fmt test-vet test-logcheck test-go test-sanity test-e2e test-images test-cluster test-e2e-k8s ##@ Run every check and test (real loop devices and mounts need root).
 
 test-fmt:
 	@echo "### test-fmt"

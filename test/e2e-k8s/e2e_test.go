@@ -65,6 +65,15 @@ func TestExternalStorage(t *testing.T) {
 	// under its own directory, and the init of this kind of machine
 	// cannot be entered (Permission denied).
 	skip = join(skip, `volumeMode .*should not mount / map unused volumes in a pod`)
+	// The group snapshot spec provisions its claims and restores them at
+	// the test suite's own minimum size (1Mi, hard-coded, not the driver's
+	// SupportedSizeRange). loopvol makes an ext4 volume at least 16 MiB
+	// (its journal), so the snapshots are 16 MiB and external-provisioner
+	// refuses a 1 MiB restore of them ("requested volume size is less than
+	// the size for the source snapshot"): the spec cannot pass on a driver
+	// whose smallest volume is above 1 MiB. loopvol's own group snapshot
+	// tests (test/driver) restore every member.
+	skip = join(skip, `volumegroupsnapshottable .*should create snapshots for StatefulSet volumes and verify data consistency after restore`)
 	// ext4 grows online only through EXT4_IOC_RESIZE_FS, which needs
 	// CAP_SYS_RESOURCE; where root's bounding set lacks it (this kind of
 	// machine), no process has it, the node plugin included, and the
