@@ -29,7 +29,6 @@ import (
 // stay after Detach. The scheduler and writeback settings are harmless to
 // a later user of the device; the discard limit is not (see discardOff),
 // so Detach removes a device that has it.
-
 const (
 	// schedNone: a loop device's requests go to the image file, whose own
 	// disk has a scheduler; a second one only adds CPU. "none" is the
