@@ -204,16 +204,24 @@ func TestExternalStorage(t *testing.T) {
 // selection returns ginkgo's focus and skip for E2E_K8S_SUITE.
 func selection() (focus, skip string, err error) {
 	focus, skip = `External.Storage`, ""
-	switch s := os.Getenv(suiteEnv); s {
+	suite, f := os.Getenv(suiteEnv), os.Getenv(focusEnv)
+	switch suite {
 	case "", "fast":
 		skip = slowTags
 	case "rest":
 		focus = `External.Storage.*(` + slowTags + `)`
 	case "all":
 	default:
-		return "", "", fmt.Errorf("%s=%q: want fast, rest or all", suiteEnv, s)
+		return "", "", fmt.Errorf("%s=%q: want fast, rest or all", suiteEnv, suite)
 	}
-	if f := os.Getenv(focusEnv); f != "" {
+	switch {
+	case f == "":
+	case suite == "rest":
+		// The tags stand after a spec group's name ("disruptive
+		// [Disruptive]") and before the spec's own words: E2E_K8S_FOCUS
+		// may match on either side of them.
+		focus = `External.Storage.*((` + slowTags + `).*(` + f + `)|(` + f + `).*(` + slowTags + `))`
+	default:
 		focus = `(` + focus + `).*(` + f + `)`
 	}
 	if s := os.Getenv(skipEnv); s != "" {

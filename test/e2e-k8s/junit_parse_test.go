@@ -1,6 +1,7 @@
 package e2ek8s
 
 import (
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -70,6 +71,8 @@ func TestSelection(t *testing.T) {
 		{name: "rest → only the slow tags", suite: "rest", wantFocus: `External.Storage.*(` + slowTags + `)`},
 		{name: "all", suite: "all", wantFocus: `External.Storage`},
 		{name: "focus and skip narrow", suite: "fast", focus: "snapshot", skip: "xfs", wantFocus: `(External.Storage).*(snapshot)`, wantSkip: slowTags + "|xfs"},
+		{name: "rest narrowed on either side of the tags", suite: "rest", focus: "disruptive|restart",
+			wantFocus: `External.Storage.*((` + slowTags + `).*(disruptive|restart)|(disruptive|restart).*(` + slowTags + `))`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Setenv(suiteEnv, tc.suite)
@@ -80,6 +83,26 @@ func TestSelection(t *testing.T) {
 				t.Errorf("selection() = %q, %q, %v; want %q, %q", f, s, err, tc.wantFocus, tc.wantSkip)
 			}
 		})
+	}
+	// Against spec names as the suite writes them: the group's name
+	// before its tags, the spec's words after.
+	t.Setenv(suiteEnv, "rest")
+	for _, tc := range []struct {
+		focus, name string
+		want        bool
+	}{
+		{"disruptive", "External Storage [Driver: loopvol.csi.io] [Testpattern: Dynamic PV (block volmode)] disruptive[Disruptive] [LinuxOnly] Should test that pv written before kubelet restart is readable after restart.", true},
+		{"kubelet restart", "External Storage [Driver: loopvol.csi.io] [Testpattern: Dynamic PV (block volmode)] disruptive[Disruptive] [LinuxOnly] Should test that pv written before kubelet restart is readable after restart.", true},
+		{"disruptive", "External Storage [Driver: loopvol.csi.io] [Testpattern: Dynamic PV (default fs)] subPath should be able to unmount after the subpath directory is deleted [LinuxOnly]", false},
+	} {
+		t.Setenv(focusEnv, tc.focus)
+		focus, _, err := selection()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := regexp.MustCompile(focus).MatchString(tc.name); got != tc.want {
+			t.Errorf("rest, focus %q: %q matches %v, want %v", tc.focus, tc.name, got, tc.want)
+		}
 	}
 	t.Setenv(suiteEnv, "bogus")
 	if _, _, err := selection(); err == nil {
