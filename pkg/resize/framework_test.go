@@ -355,11 +355,13 @@ func (w caches) replay(t *testing.T, client *fake.Clientset, writes []runtime.Ob
 }
 
 // queueAll queues every cached claim, as the handlers do at start.
-func (f *fixture) queueAll() {
-	for _, o := range f.c.pvcInformer.GetIndexer().List() {
-		f.c.claimAdded(o)
+func (c caches) queueAll() {
+	for _, o := range c.pvcs.List() {
+		c.claimAdded(o)
 	}
 }
+
+func (f *fixture) queueAll() { f.caches().queueAll() }
 
 // observe plays the watch of the controller's writes and of the test's
 // changes (caches.replay).

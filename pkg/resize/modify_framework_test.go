@@ -207,12 +207,7 @@ func (f *modFixture) caches() caches {
 	return caches{f.c.pvcInformer.GetIndexer(), f.c.pvInformer.GetIndexer(), f.c.claimAdded, f.c.claimUpdated}
 }
 
-// queueAll queues every cached claim, as the handlers do at start.
-func (f *modFixture) queueAll() {
-	for _, o := range f.c.pvcInformer.GetIndexer().List() {
-		f.c.claimAdded(o)
-	}
-}
+func (f *modFixture) queueAll() { f.caches().queueAll() }
 
 // observe plays the watch, as the resize fixture's does: first each
 // object the controller's patches produced, in order; then every claim,
