@@ -41,7 +41,7 @@ func run(args []string) error {
 	repo := fs.String("repo", "localhost/loopvol", "Repository the images are named in: <repo>/<image>:<tag>.")
 	created := fs.String("created", "0", "Creation time of the images in seconds since the epoch (e.g. the commit's), so that builds repeat bit for bit.")
 	only := fs.String("images", "", "Comma-separated images to build (default: all).")
-	toolDir := fs.String("tools", "", "Directory of the one-node cluster's tool binaries csi-provisioner, csi-attacher, csi-snapshotter, snapshot-controller, agnhost and pause (hack/tools/build.sh builds them into bin/); when set, their images "+
+	toolDir := fs.String("tools", "", "Directory of the one-node cluster's tool binaries csi-provisioner, csi-attacher, csi-snapshotter, snapshot-controller, agnhost, hello-populator and pause (hack/tools/build.sh builds them into bin/); when set, their images "+
 		"<repo>/<tool> are built too, tagged with the tool's version (and, for the upstream e2e suite's test images, by the names it asks for).")
 	var tagList tags
 	fs.Var(&tagList, "tag", "Tag of the images; repeat for more (default: dev). The first is also the version label.")

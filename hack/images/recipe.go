@@ -228,6 +228,26 @@ var toolRecipes = []toolRecipe{
 		optIn: true,
 	},
 	{
+		// The volume populator the e2e suite's "provision storage with
+		// any volume data source" spec deploys (hack/tools/build.sh
+		// hello-populator, lib-volume-populator's example): its controller
+		// and, in the same image, the pod that writes the file into the
+		// new volume, which is root's (as upstream's image, which runs as
+		// root). Named as the suite's manifest asks
+		// (testing-manifests/storage-csi/any-volume-datasource); the
+		// binary's own version is the module's, in hack/tools/populator.
+		recipe: recipe{
+			name:       "hello-populator",
+			from:       "scratch",
+			tree:       "controller",
+			binaries:   []placement{{src: "hello-populator", dst: "/hello-populator"}},
+			entrypoint: []string{"/hello-populator"},
+		},
+		tag:   "v1.0.1",
+		refs:  []string{sigStorageRegistry + "/hello-populator:v1.0.1"},
+		optIn: true,
+	},
+	{
 		// external-snapshotter's sidecar
 		// (deploy/kubernetes/components/snapshotter; test/cluster and
 		// test/e2e-k8s deploy it); the tag is the version
@@ -261,6 +281,10 @@ var toolRecipes = []toolRecipe{
 // e2eRegistry is where the upstream e2e suite's test images come from
 // (k8s.io/kubernetes/test/utils/image, promoterE2eRegistry).
 const e2eRegistry = "registry.k8s.io/e2e-test-images"
+
+// sigStorageRegistry is where the suite's storage manifests take the
+// kubernetes-csi images from.
+const sigStorageRegistry = "registry.k8s.io/sig-storage"
 
 // busyboxApplets are the commands the busybox images offer by name, as
 // links to /bin/busybox (Debian's busybox-static ships the binary only):

@@ -196,6 +196,18 @@ func TestE2EImagesAreTheSuiteOnes(t *testing.T) {
 			t.Errorf("the %s image is named %q, the suite asks for %s", image, refs, want)
 		}
 	}
+	// The populator's image is named in a manifest of the suite's.
+	deploy, err := os.ReadFile(filepath.Join(strings.TrimSpace(string(dir)), "test", "e2e", "testing-manifests", "storage-csi", "any-volume-datasource", "hello-populator-deploy.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^\s+image: (\S+)$`).FindSubmatch(deploy)
+	if m == nil {
+		t.Fatal("hello-populator-deploy.yaml names no image")
+	}
+	if i := slices.IndexFunc(toolRecipes, func(r toolRecipe) bool { return r.name == "hello-populator" }); i < 0 || !slices.Contains(toolRecipes[i].refs, string(m[1])) {
+		t.Errorf("no hello-populator image is named %s, which the suite deploys", m[1])
+	}
 	agnhostVersion, err := os.ReadFile(filepath.Join(strings.TrimSpace(string(dir)), "test", "images", "agnhost", "VERSION"))
 	if err != nil {
 		t.Fatal(err)

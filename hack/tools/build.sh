@@ -3,7 +3,7 @@
 # kube-apiserver and etcd, for envtest) and those of the one-node cluster
 # (internal/cluster) from the versions pinned in the go.mod files here:
 # go.mod (Kubernetes, e2e.test, agnhost, ginkgo), etcd/, containerd/,
-# runc/, provisioner/, attacher/, snapshotter/ and pause/.
+# runc/, provisioner/, attacher/, snapshotter/, populator/ and pause/.
 #
 # Usage: hack/tools/build.sh [BIN_DIR] [NAME...]
 #   BIN_DIR  where the binaries go (default: <repo root>/bin)
@@ -13,7 +13,9 @@
 #            csi-attacher, csi-snapshotter, snapshot-controller, pause,
 #            e2e.test (the upstream Kubernetes e2e suite, `go test -c
 #            k8s.io/kubernetes/test/e2e`), ginkgo (the runner that runs it
-#            in parallel), agnhost (its test image's binary), "cluster"
+#            in parallel), agnhost (its test image's binary),
+#            hello-populator (the volume populator one of its specs
+#            deploys), "cluster"
 #            for everything the one-node cluster and its tests run, or
 #            "e2e-k8s" for what the upstream storage e2e suite adds to it
 #            (test/e2e-k8s)
@@ -38,7 +40,7 @@ for name in "$@"; do
 			containerd containerd-shim-runc-v2 ctr runc csi-provisioner csi-attacher
 			csi-snapshotter snapshot-controller pause)
 	elif [[ $name == e2e-k8s ]]; then
-		names+=(e2e.test ginkgo agnhost)
+		names+=(e2e.test ginkgo agnhost hello-populator)
 	else
 		names+=("$name")
 	fi
@@ -225,6 +227,18 @@ describe() {
 		cache_dir=$cache_root/agnhost-$version
 		eta="~2-4 minutes"
 		;;
+	hello-populator)
+		# The volume populator the suite's "any volume data source" spec
+		# deploys (kubernetes-csi/lib-volume-populator's example); its
+		# image is named as the suite asks (hack/images).
+		mod_dir=$here/populator
+		local m=github.com/kubernetes-csi/lib-volume-populator
+		pkg=$m/example/hello-populator
+		version=$(mod_version "$mod_dir/go.mod" $m)
+		ldflags="-s -w -X main.version=$version"
+		cache_dir=$cache_root/hello-populator-$version
+		eta="~1 minute"
+		;;
 	pause)
 		mod_dir=$here
 		pkg=./pause
@@ -236,7 +250,7 @@ describe() {
 		eta="seconds"
 		;;
 	*)
-		die "unknown tool '$1' (want etcd, a k8s.io/kubernetes/cmd name, containerd, containerd-shim-runc-v2, ctr, runc, csi-provisioner, csi-attacher, csi-snapshotter, snapshot-controller, e2e.test, ginkgo, agnhost, pause, cluster or e2e-k8s)"
+		die "unknown tool '$1' (want etcd, a k8s.io/kubernetes/cmd name, containerd, containerd-shim-runc-v2, ctr, runc, csi-provisioner, csi-attacher, csi-snapshotter, snapshot-controller, e2e.test, ginkgo, agnhost, hello-populator, pause, cluster or e2e-k8s)"
 		;;
 	esac
 	[[ -n $version ]] || die "no version of $1 in $mod_dir/go.mod"

@@ -40,7 +40,7 @@ const slowTags = `\[Serial\]|\[Disruptive\]|\[Slow\]`
 // cluster's (make cluster-images) and the suite's (make e2e-k8s-images).
 var images = []string{
 	"loopvol-node", "loopvol-controller", "csi-provisioner", "pause", "busybox",
-	"agnhost", "nginx", "csi-snapshotter", "snapshot-controller",
+	"agnhost", "nginx", "hello-populator", "csi-snapshotter", "snapshot-controller",
 }
 
 // TestExternalStorage brings a cluster up in this network namespace,
@@ -272,6 +272,11 @@ func run(ctx context.Context, t *testing.T, exe string, args []string, logFile s
 	pr, pw := io.Pipe()
 	cmd := exec.CommandContext(ctx, exe, args...)
 	cmd.Stdout, cmd.Stderr = pw, pw
+	// ginkgo compares its version with the ginkgo of the module around
+	// e2e.test's directory, which is bin/ in loopvol's (another ginkgo,
+	// for csi-sanity); both binaries come from hack/tools/go.mod, so they
+	// match, and outside module mode the misleading check is skipped.
+	cmd.Env = append(os.Environ(), "GO111MODULE=off")
 	// Its own process group: an interrupt reaches it through ours, and
 	// nothing it started outlives it.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
