@@ -38,7 +38,7 @@ for name in "$@"; do
 	if [[ $name == cluster ]]; then
 		names+=(etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl
 			containerd containerd-shim-runc-v2 ctr runc csi-provisioner csi-attacher
-			csi-snapshotter snapshot-controller pause)
+			csi-snapshotter snapshot-controller pause kube-proxy)
 	elif [[ $name == e2e-k8s ]]; then
 		names+=(e2e.test ginkgo agnhost hello-populator)
 	else

@@ -61,6 +61,10 @@ type Cluster struct {
 	created []string
 	// hostLock is HostLockPath, held from Up to the end of Down.
 	hostLock *hostLock
+	// serviceProxy: kube-proxy routes the Services' ClusterIPs, which it
+	// does only in the network namespace InNetNS made for NodeIP (its
+	// rules must never reach the host's).
+	serviceProxy bool
 }
 
 // Up starts the cluster and waits until its node is Ready. On an error it
@@ -79,6 +83,7 @@ func Up(ctx context.Context, cfg Config) (*Cluster, error) {
 	c.containerdDir = filepath.Join(cfg.Dir, "containerd")
 	c.ContainerdSocket = filepath.Join(c.containerdDir, "containerd.sock")
 	c.Server = "https://127.0.0.1:" + strconv.Itoa(cfg.APIPort)
+	c.serviceProxy = cfg.NodeIP != "" && cfg.NodeIP == NetNSNodeIP() && ownNetNS()
 	start := time.Now()
 	lock, err := lockHost(ctx, HostLockPath, c.say)
 	if err != nil {
@@ -140,12 +145,13 @@ func (c *Cluster) up(ctx context.Context) error {
 	if err := c.writePKI(); err != nil {
 		return fmt.Errorf("certificates: %w", err)
 	}
-	ports, err := freePorts(6)
+	ports, err := freePorts(8)
 	if err != nil {
 		return err
 	}
 	etcdClient, etcdPeer, kcmPort, schedPort := ports[0], ports[1], ports[2], ports[3]
 	c.kubeletPort, c.kubeletHealthzPort = ports[4], ports[5]
+	proxyHealthzPort, proxyMetricsPort := ports[6], ports[7]
 
 	// etcd
 	etcdURL := "http://127.0.0.1:" + strconv.Itoa(etcdClient)
@@ -167,10 +173,7 @@ func (c *Cluster) up(ctx context.Context) error {
 	pki := func(f string) string { return filepath.Join(c.pki, f) }
 	apiserverArgs := []string{
 		"--etcd-servers=" + etcdURL,
-		"--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", "--secure-port=" + strconv.Itoa(c.cfg.APIPort),
-		// The kubernetes Service's endpoint would be 127.0.0.1, which the
-		// endpoint reconciler refuses; nothing routes to it anyway.
-		"--endpoint-reconciler-type=none",
+		"--secure-port=" + strconv.Itoa(c.cfg.APIPort),
 		"--tls-cert-file=" + pki("apiserver.crt"), "--tls-private-key-file=" + pki("apiserver.key"),
 		"--client-ca-file=" + pki("ca.crt"),
 		"--kubelet-client-certificate=" + pki("apiserver-kubelet-client.crt"), "--kubelet-client-key=" + pki("apiserver-kubelet-client.key"),
@@ -179,8 +182,20 @@ func (c *Cluster) up(ctx context.Context) error {
 		"--allow-privileged=true",
 		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
 		"--service-account-key-file=" + pki("sa.pub"), "--service-account-signing-key-file=" + pki("sa.key"),
-		"--service-cluster-ip-range=10.0.0.0/24",
+		"--service-cluster-ip-range=" + serviceCIDR,
 		"--profiling=false", "--v=1"}
+	if c.serviceProxy {
+		// Pods on the bridge reach the API as on any cluster: through the
+		// kubernetes Service, whose endpoint (kept by the apiserver's
+		// lease reconciler) is NodeIP, which kube-proxy routes to. Every
+		// address of the namespace is the cluster's own.
+		apiserverArgs = append(apiserverArgs, "--bind-address=0.0.0.0", "--advertise-address="+c.cfg.NodeIP)
+	} else {
+		apiserverArgs = append(apiserverArgs, "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+			// The kubernetes Service's endpoint would be 127.0.0.1, which
+			// the endpoint reconciler refuses; nothing routes to it anyway.
+			"--endpoint-reconciler-type=none")
+	}
 	if c.cfg.NodeIP != "" {
 		apiserverArgs = append(apiserverArgs,
 			// The Node's address, not its name (which resolves to the
@@ -307,7 +322,40 @@ func (c *Cluster) up(ctx context.Context) error {
 		return err
 	}
 	c.say("cluster: controller-manager, scheduler, kubelet up, node Ready in %s", since(step))
+	if c.serviceProxy {
+		step = time.Now()
+		if err := c.startProxy(ctx, proxyHealthzPort, proxyMetricsPort); err != nil {
+			return err
+		}
+		c.say("cluster: kube-proxy up in %s (Services route in this network namespace)", since(step))
+	}
 	return nil
+}
+
+// startProxy runs kube-proxy (iptables mode, in this network namespace
+// only) and waits until it has programmed the Services.
+func (c *Cluster) startProxy(ctx context.Context, healthzPort, metricsPort int) error {
+	if _, err := c.kubeconfig("kube-proxy"); err != nil {
+		return err
+	}
+	if _, err := c.start("kube-proxy", nil,
+		"--kubeconfig="+filepath.Join(c.cfg.Dir, "kubeconfig-kube-proxy"),
+		"--hostname-override="+c.NodeName,
+		"--bind-address="+c.cfg.NodeIP,
+		"--proxy-mode=iptables",
+		"--cluster-cidr="+c.cfg.PodCIDR,
+		"--healthz-bind-address="+net.JoinHostPort("127.0.0.1", strconv.Itoa(healthzPort)),
+		"--metrics-bind-address="+net.JoinHostPort("127.0.0.1", strconv.Itoa(metricsPort)),
+		// The conntrack table's size is the host's, not the namespace's:
+		// leave it and the timeouts as they are.
+		"--conntrack-max-per-core=0",
+		"--conntrack-tcp-timeout-established=0", "--conntrack-tcp-timeout-close-wait=0",
+		"--v=1"); err != nil {
+		return err
+	}
+	// /healthz answers 200 once the rules are synced.
+	url := "http://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(healthzPort)) + "/healthz"
+	return c.poll("kube-proxy synced", time.Minute, func() error { return httpOK(http.DefaultClient, url) })
 }
 
 // writePKI makes the CA, the serving and client certificates, and the
@@ -332,10 +380,16 @@ func (c *Cluster) writePKI() error {
 		{"scheduler", "system:kube-scheduler", nil, false},
 		{"kubelet", "system:node:" + c.NodeName, []string{"system:nodes"}, false},
 		{"kubelet-serving", "system:node:" + c.NodeName, []string{"system:nodes"}, true},
+		// The user the system:node-proxier binding names.
+		{"kube-proxy", "system:kube-proxy", nil, false},
 	} {
 		var ips []net.IP
 		if c.cfg.NodeIP != "" {
 			ips = append(ips, net.ParseIP(c.cfg.NodeIP))
+		}
+		if i.name == "apiserver" {
+			// What pods dial: the kubernetes Service's ClusterIP.
+			ips = append(ips, net.ParseIP(kubernetesServiceIP))
 		}
 		if err := ca.issue(c.pki, i.name, i.cn, i.orgs, i.serving, ips...); err != nil {
 			return err

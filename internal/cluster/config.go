@@ -12,7 +12,7 @@ import (
 // Binaries the cluster runs, looked up in Config.BinDir.
 var Binaries = []string{
 	"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kubectl",
-	"containerd", "containerd-shim-runc-v2", "ctr", "runc",
+	"containerd", "containerd-shim-runc-v2", "ctr", "runc", "kube-proxy",
 }
 
 // DefaultAPIPort is the apiserver's port that deploy/kubernetes/overlays/local
@@ -46,8 +46,10 @@ type Config struct {
 	// both true). With it, kubelet serves on it (kubectl exec and logs
 	// work), Services of hostNetwork pods get endpoints (the apiserver
 	// reaches webhooks through them) and pods without hostNetwork get a
-	// bridge network of PodCIDR. Empty: loopback only, the Node has no
-	// address and only hostNetwork pods run.
+	// bridge network of PodCIDR; in InNetNS's namespace kube-proxy also
+	// routes the Services, so those pods reach the API through the
+	// kubernetes Service as on any cluster. Empty: loopback only, the Node
+	// has no address and only hostNetwork pods run.
 	NodeIP string
 	// PodCIDR is the pods' range with NodeIP (default DefaultPodCIDR).
 	PodCIDR string

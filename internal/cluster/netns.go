@@ -17,8 +17,20 @@ const DefaultNodeIP = "10.200.0.1"
 // DefaultPodCIDR is the range of the pods' bridge network (Config.PodCIDR).
 const DefaultPodCIDR = "10.201.0.0/24"
 
-// netnsEnv marks the process InNetNS started in its namespace.
-const netnsEnv = "LOOPVOL_CLUSTER_NETNS"
+// serviceCIDR is the Services' range; kubernetesServiceIP is its first
+// address, the kubernetes Service's ClusterIP (the apiserver's certificate
+// names it).
+const (
+	serviceCIDR         = "10.0.0.0/24"
+	kubernetesServiceIP = "10.0.0.1"
+)
+
+// netnsEnv marks the process InNetNS started in its namespace;
+// hostNetNSEnv names the namespace it was started from (ownNetNS).
+const (
+	netnsEnv     = "LOOPVOL_CLUSTER_NETNS"
+	hostNetNSEnv = "LOOPVOL_CLUSTER_HOST_NETNS"
+)
 
 // NetNSNodeIP is the node address of the namespace InNetNS runs this
 // process in, or "" outside one: the Config.NodeIP to use there.
@@ -48,13 +60,17 @@ func InNetNS(nodeIP string) (code int, child bool, err error) {
 	if err != nil {
 		return 0, false, err
 	}
+	host, err := os.Readlink("/proc/self/ns/net")
+	if err != nil {
+		return 0, false, err
+	}
 	// The namespace's loopback device is down and has no other address:
 	// bring it up with nodeIP before the program runs (ip from iproute2,
 	// in the new namespace, the program's parent for a moment).
 	script := `set -e; ip link set lo up; ip addr add "$1/32" dev lo; shift; exec "$@"`
 	cmd := exec.Command("/bin/sh", append([]string{"-c", script, "sh", nodeIP, self}, os.Args[1:]...)...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
-	cmd.Env = append(os.Environ(), netnsEnv+"="+nodeIP)
+	cmd.Env = append(os.Environ(), netnsEnv+"="+nodeIP, hostNetNSEnv+"="+host)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNET}
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
@@ -82,4 +98,15 @@ func InNetNS(nodeIP string) (code int, child bool, err error) {
 			return 0, false, nil
 		}
 	}
+}
+
+// ownNetNS reports whether this process runs in a network namespace other
+// than the one InNetNS was called in (its parent's, which InNetNS names
+// in hostNetNSEnv): a check of its own, so that nothing that changes a
+// namespace's routing (kube-proxy) runs in the host's because of a stray
+// environment variable. (PID 1's namespace cannot be read here.)
+func ownNetNS() bool {
+	self, err := os.Readlink("/proc/self/ns/net")
+	host := os.Getenv(hostNetNSEnv)
+	return err == nil && host != "" && self != host
 }

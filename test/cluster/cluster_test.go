@@ -62,6 +62,7 @@ func TestCluster(t *testing.T) {
 	t.Run("VolumeLifecycle", func(t *testing.T) { testVolumeLifecycle(t, c) })
 	// Early: every scenario after it runs with the webhook answering.
 	t.Run("Webhook", func(t *testing.T) { testWebhook(t, c) })
+	t.Run("PodNetwork", func(t *testing.T) { testPodNetwork(t, c) })
 	t.Run("RawBlock", func(t *testing.T) { testRawBlock(t, c) })
 	t.Run("Burst", func(t *testing.T) { testBurst(t, c) })
 	t.Run("Expansion", func(t *testing.T) { testExpansion(t, c) })
