@@ -132,7 +132,7 @@ demo: cluster-images ##@ A real one-node cluster, loopvol deployed with kubectl 
 # The upstream Kubernetes storage e2e suite (docs/e2e-k8s.md): e2e.test
 # v1.37.2, external-snapshotter v8.7.0 and the suite's test images on the
 # one-node cluster in a network namespace of its own.
-E2E_K8S_IMAGES := agnhost,nginx,hello-populator
+E2E_K8S_IMAGES := agnhost,nginx,glibc-dns-testing,hello-populator
 
 .PHONY: e2e-k8s-tools e2e-k8s-images test-e2e-k8s test-e2e-k8s-rest
 
@@ -140,7 +140,7 @@ e2e-k8s-tools: cluster-tools ##@ Build e2e.test, ginkgo, agnhost and hello-popul
 	@echo "### e2e-k8s-tools"
 	@hack/tools/build.sh $(BIN) e2e-k8s
 
-e2e-k8s-images: cluster-images e2e-k8s-tools ##@ make cluster-images plus the suite's images (agnhost, nginx, hello-populator, busybox by the names it asks for).
+e2e-k8s-images: cluster-images e2e-k8s-tools ##@ make cluster-images plus the suite's images (agnhost, nginx, glibc-dns-testing, hello-populator, busybox by the names it asks for).
 	@echo "### e2e-k8s-images"
 	$(BIN)/images -bin $(STATIC) -tools $(BIN) -out $(IMAGES_OUT) -cache $(IMAGES_CACHE) -repo $(IMAGE_REPO) \
 		-tag $(IMAGE_TAG) -tag dev -created $(IMAGES_CREATED) -images $(E2E_K8S_IMAGES)

@@ -228,6 +228,23 @@ var toolRecipes = []toolRecipe{
 		optIn: true,
 	},
 	{
+		// The image the suite's multiVolume specs "should concurrently
+		// access the volume and restored snapshot / its clone" run their
+		// pods in (glibc-dns-testing; they use only its shell): Debian's
+		// glibc and getent (libc-bin, what the image is named after) and
+		// busybox for the shell the pods' commands run in (/bin/sh -c).
+		recipe: recipe{
+			name:       "glibc-dns-testing",
+			from:       "debian:bookworm-slim",
+			packages:   []string{"libc-bin", "busybox-static"},
+			entrypoint: []string{"/bin/sh"},
+			base:       base{env: []string{debianPath}, symlinks: busyboxLinks()},
+		},
+		tag:   "2.1.1",
+		refs:  []string{e2eRegistry + "/glibc-dns-testing:2.1.1"},
+		optIn: true,
+	},
+	{
 		// The volume populator the e2e suite's "provision storage with
 		// any volume data source" spec deploys (hack/tools/build.sh
 		// hello-populator, lib-volume-populator's example): its controller

@@ -180,7 +180,7 @@ func TestE2EImagesAreTheSuiteOnes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for id, image := range map[string]string{"Agnhost": "agnhost", "BusyBox": "busybox", "Nginx": "nginx"} {
+	for id, image := range map[string]string{"Agnhost": "agnhost", "BusyBox": "busybox", "Nginx": "nginx", "GlibcDnsTesting": "glibc-dns-testing"} {
 		m := regexp.MustCompile(`configs\[` + id + `\] = Config\{list\.PromoterE2eRegistry, "` + image + `", "([^"]+)"\}`).FindSubmatch(manifest)
 		if m == nil {
 			t.Fatalf("manifest.go names no %s image", id)

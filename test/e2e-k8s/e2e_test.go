@@ -40,7 +40,7 @@ const slowTags = `\[Serial\]|\[Disruptive\]|\[Slow\]`
 // cluster's (make cluster-images) and the suite's (make e2e-k8s-images).
 var images = []string{
 	"loopvol-node", "loopvol-controller", "csi-provisioner", "pause", "busybox",
-	"agnhost", "nginx", "hello-populator", "csi-snapshotter", "snapshot-controller",
+	"agnhost", "nginx", "glibc-dns-testing", "hello-populator", "csi-snapshotter", "snapshot-controller",
 }
 
 // TestExternalStorage brings a cluster up in this network namespace,
