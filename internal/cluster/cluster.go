@@ -324,7 +324,7 @@ func (c *Cluster) up(ctx context.Context) error {
 	c.say("cluster: controller-manager, scheduler, kubelet up, node Ready in %s", since(step))
 	if c.serviceProxy {
 		step = time.Now()
-		if err := c.startProxy(ctx, proxyHealthzPort, proxyMetricsPort); err != nil {
+		if err := c.startProxy(proxyHealthzPort, proxyMetricsPort); err != nil {
 			return err
 		}
 		c.say("cluster: kube-proxy up in %s (Services route in this network namespace)", since(step))
@@ -334,7 +334,7 @@ func (c *Cluster) up(ctx context.Context) error {
 
 // startProxy runs kube-proxy (iptables mode, in this network namespace
 // only) and waits until it has programmed the Services.
-func (c *Cluster) startProxy(ctx context.Context, healthzPort, metricsPort int) error {
+func (c *Cluster) startProxy(healthzPort, metricsPort int) error {
 	if _, err := c.kubeconfig("kube-proxy"); err != nil {
 		return err
 	}
