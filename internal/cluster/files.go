@@ -126,7 +126,11 @@ maxPods: 110
 # next periodic sync: at the default 1m that was 60-90 s after the resize;
 # on a node of a few test pods the extra syncs cost nothing.
 syncFrequency: 10s
+# kubelet's iptables chains (KUBE-FIREWALL, the canaries) are for other
+# components of the node; outside the cluster's own network namespace
+# they would land in the host's tables.
+makeIPTablesUtilChains: %t
 `, c.ContainerdSocket, cmp.Or(c.cfg.NodeIP, "127.0.0.1"), c.kubeletPort, c.kubeletHealthzPort,
 		filepath.Join(c.pki, "kubelet-serving.crt"), filepath.Join(c.pki, "kubelet-serving.key"),
-		filepath.Join(c.pki, "ca.crt"), filepath.Join(c.cfg.Dir, "pod-logs"))
+		filepath.Join(c.pki, "ca.crt"), filepath.Join(c.cfg.Dir, "pod-logs"), c.serviceProxy)
 }
