@@ -228,17 +228,18 @@ var toolRecipes = []toolRecipe{
 		optIn: true,
 	},
 	{
-		// The image the suite's multiVolume specs "should concurrently
-		// access the volume and restored snapshot / its clone" run their
-		// pods in (glibc-dns-testing; they use only its shell): Debian's
-		// glibc and getent (libc-bin, what the image is named after) and
-		// busybox for the shell the pods' commands run in (/bin/sh -c).
+		// The image the suite's multiVolume concurrent-access specs run
+		// their pods in (glibc-dns-testing), as upstream's a Debian with
+		// glibc: their shell commands need GNU dd (oflag=nocache, which
+		// busybox's refuses), head, base64 and sha256sum (coreutils),
+		// blockdev (util-linux), and getent (libc-bin) is what the image
+		// is named after. dash is /bin/sh.
 		recipe: recipe{
 			name:       "glibc-dns-testing",
 			from:       "debian:bookworm-slim",
-			packages:   []string{"libc-bin", "busybox-static"},
+			packages:   []string{"coreutils", "dash", "util-linux", "grep", "sed", "findutils", "libc-bin"},
 			entrypoint: []string{"/bin/sh"},
-			base:       base{env: []string{debianPath}, symlinks: busyboxLinks()},
+			base:       base{packages: []string{"base-files"}, env: []string{debianPath}},
 		},
 		tag:   "2.1.1",
 		refs:  []string{e2eRegistry + "/glibc-dns-testing:2.1.1"},

@@ -59,15 +59,17 @@ func TestExternalStorage(t *testing.T) {
 		skip = join(skip, `\[Feature:SELinux\]`)
 		t.Log("SELinux is not enabled on this host: the [Feature:SELinux] specs are left out")
 	}
-	// These specs look for the pod's volumes, or the node's global mount
-	// points, under /var/lib/kubelet (a path they do not take from
-	// -kubelet-root-dir) through nsenter into PID 1's mount namespace; the
-	// test cluster's kubelet directory is under its own directory, and the
-	// init of this kind of machine cannot be entered (Permission denied).
-	// The disruptive suite's specs of the same kubelet-down deletions
-	// (over the node SSH endpoint) run and pass.
+	// These specs look for (or unmount) the pod's volumes, subPath bind
+	// mounts or the node's global mount points under /var/lib/kubelet (a
+	// path they do not take from -kubelet-root-dir) through nsenter into
+	// PID 1's mount namespace; the test cluster's kubelet directory is
+	// under its own directory, and the init of this kind of machine
+	// cannot be entered (Permission denied). The disruptive suite's specs
+	// of the same kubelet-down deletions (over the node SSH endpoint) run
+	// and pass.
 	skip = join(skip, `volumeMode .*should not mount / map unused volumes in a pod|`+
-		`subPath .*should unmount if pod is (gracefully|force) deleted while kubelet is down`)
+		`subPath .*should unmount if pod is (gracefully|force) deleted while kubelet is down|`+
+		`subPath .*should remount stale subpath bind mount after network filesystem disruption`)
 	// The group snapshot spec provisions its claims and restores them at
 	// the test suite's own minimum size (1Mi, hard-coded, not the driver's
 	// SupportedSizeRange). loopvol makes an ext4 volume at least 16 MiB
