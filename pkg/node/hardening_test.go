@@ -232,6 +232,35 @@ func TestMountOptionTranslation(t *testing.T) {
 	}
 }
 
+// TestMountDefaults: every xfs mount gets nouuid once (a clone shares its
+// source's UUID), other filesystems nothing; the caller's slice is not
+// changed.
+func TestMountDefaults(t *testing.T) {
+	o, err := parseMountFlags([]string{"noatime"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := o.withDefaults(fsXFS).data(); got != "nouuid" {
+		t.Errorf("xfs data = %q, want nouuid", got)
+	}
+	if got := o.withDefaults(fsXFS).strings(); !slices.Equal(got, []string{"noatime", "nouuid"}) {
+		t.Errorf("xfs options = %v", got)
+	}
+	if len(o) != 1 {
+		t.Errorf("withDefaults changed its receiver: %v", o.strings())
+	}
+	given, err := parseMountFlags([]string{"nouuid"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := given.withDefaults(fsXFS).strings(); !slices.Equal(got, []string{"nouuid"}) {
+		t.Errorf("xfs options with nouuid given = %v", got)
+	}
+	if got := o.withDefaults(fsExt4).strings(); !slices.Equal(got, []string{"noatime"}) {
+		t.Errorf("ext4 options = %v", got)
+	}
+}
+
 // TestMountOptionsDocumented: docs/mount-options.md lists exactly the
 // allowlist, and what it says is refused is refused.
 func TestMountOptionsDocumented(t *testing.T) {

@@ -3,6 +3,7 @@ package node
 import (
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -135,7 +136,7 @@ var allowedOptions = map[string]optionSpec{
 	"swalloc":          {kind: fsData, fs: xfsOnly, why: "xfs rounds allocations to the stripe width"},
 	"wsync":            {kind: fsData, fs: xfsOnly, why: "synchronous xfs namespace operations"},
 	"filestreams":      {kind: fsData, fs: xfsOnly, why: "xfs filestream allocator"},
-	"nouuid":           {kind: fsData, fs: xfsOnly, why: "mount an xfs copy whose UUID another mounted volume has (a cloned image)"},
+	"nouuid":           {kind: fsData, fs: xfsOnly, why: "the default (the node adds it to every xfs mount): an xfs copy, a clone or a restore, has its source's UUID, which xfs otherwise refuses to mount twice"},
 	"noquota":          {kind: fsData, fs: xfsOnly, why: "no xfs quotas (the default)"},
 	"uquota":           {kind: fsData, fs: xfsOnly, why: "xfs user quotas, enforced"},
 	"usrquota":         {kind: fsData, fs: xfsOnly, why: "as uquota"},
@@ -272,6 +273,20 @@ func (o mountOptions) mountAttrs(readOnly bool) (set, clr uint64) {
 		clr &^= unix.MOUNT_ATTR_RDONLY
 	}
 	return set, clr
+}
+
+// withDefaults returns the options with what every mount of fsType gets:
+// xfs is mounted nouuid, because a clone or a restore is a copy of its
+// source's image, UUID included, and xfs refuses to mount a second
+// filesystem with a UUID already mounted ("invalid argument"), so a
+// clone could not be staged on its source's node. Nothing here finds
+// filesystems by UUID; regenerating it instead (xfs_admin -U) would need
+// the copied log clean, which a snapshot of a mounted volume's is not.
+func (o mountOptions) withDefaults(fsType string) mountOptions {
+	if fsType != fsXFS || slices.ContainsFunc(o, func(opt mountOption) bool { return opt.name == "nouuid" }) {
+		return o
+	}
+	return append(slices.Clip(o), mountOption{raw: "nouuid", name: "nouuid", spec: allowedOptions["nouuid"]})
 }
 
 // data returns the filesystem options of a new mount, comma-separated, as

@@ -103,7 +103,7 @@ func (n *node) stage(ctx context.Context, a stageArgs) error {
 	// mount-utils makes the filesystem only when blkid finds the device
 	// blank, and checks (fsck) an existing one before mounting it
 	// writable; the mount itself is ours, on the resolved directory.
-	err = n.formatAndMount(ctx, dev, staging, fsType, a.cap.mountOpts, readOnly)
+	err = n.formatAndMount(ctx, dev, staging, fsType, a.cap.mountOpts.withDefaults(fsType), readOnly)
 	if err == nil {
 		err = n.checkMounted(staging, dev)
 	}

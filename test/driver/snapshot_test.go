@@ -285,3 +285,48 @@ func TestSnapshotKilledDuringCopy(t *testing.T) {
 		t.Fatalf("files left in the pool: %v", left)
 	}
 }
+
+// TestXFSCopiesBesideSource stages an xfs volume, then its restored
+// snapshot and its clone, all three at once on the same node: a copy has
+// its source's filesystem UUID, which xfs refuses to mount twice unless
+// told nouuid (the node does so for every xfs mount). Without it the
+// restore's stage failed with "invalid argument" (the upstream e2e suite's
+// multiVolume "concurrently access the volume and its clone" specs).
+func TestXFSCopiesBesideSource(t *testing.T) {
+	s := newSnapPool(t, true)
+	cap := mountCap(snw, "xfs")
+	src := s.createFrom(t, "pvc-src", 300*mib, cap, nil)
+	target := s.attach(t, src.GetVolumeId(), cap)
+	want := writeRandom(t, filepath.Join(target, "data"), 4<<20)
+	snap, err := s.ctrl.CreateSnapshot(bg(), &csi.CreateSnapshotRequest{Name: "snap-xfs", SourceVolumeId: src.GetVolumeId()})
+	if err != nil {
+		t.Fatalf("CreateSnapshot: %v", err)
+	}
+	sid := snap.GetSnapshot().GetSnapshotId()
+	restored := s.createFrom(t, "pvc-restored", 300*mib, cap, &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{
+		Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: sid}}})
+	clone := s.createFrom(t, "pvc-clone", 300*mib, cap, &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Volume{
+		Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: src.GetVolumeId()}}})
+	for _, v := range []*csi.Volume{restored, clone} {
+		dir := s.attach(t, v.GetVolumeId(), cap)
+		if got := checksum(t, filepath.Join(dir, "data")); !bytes.Equal(got, want) {
+			t.Fatalf("volume %s (staged beside its source) does not hold the source's data", v.GetVolumeId())
+		}
+		// Each is a filesystem of its own: a write to it stays in it.
+		writeRandom(t, filepath.Join(dir, "own"), 1<<20)
+		if _, err := os.Stat(filepath.Join(target, "own")); err == nil {
+			t.Fatalf("a file written to %s appeared in the source", v.GetVolumeId())
+		}
+	}
+	for _, v := range []*csi.Volume{clone, restored, src} {
+		s.detach(t, v.GetVolumeId())
+	}
+	for _, id := range []string{clone.GetVolumeId(), restored.GetVolumeId(), src.GetVolumeId()} {
+		if _, err := s.ctrl.DeleteVolume(bg(), &csi.DeleteVolumeRequest{VolumeId: id}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := s.ctrl.DeleteSnapshot(bg(), &csi.DeleteSnapshotRequest{SnapshotId: sid}); err != nil {
+		t.Fatal(err)
+	}
+}
