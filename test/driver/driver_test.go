@@ -76,13 +76,19 @@ func newCluster(t *testing.T, extra ...string) *cluster {
 }
 
 func forceCleanup(t *testing.T, dir string) {
+	// The loop devices first: a volume's image in a pool that is itself a
+	// loop-mounted filesystem under dir is named by its path in that pool,
+	// which the pool's unmount takes away (the device would then name
+	// "/volumes/<id>.img" and be missed).
+	devs := driverproc.LoopDevicesOf(dir)
 	mounts := driverproc.Mounts(dir)
 	for i := len(mounts) - 1; i >= 0; i-- {
 		if f := strings.Fields(mounts[i]); len(f) > 4 {
 			exec.Command("umount", "-l", f[4]).Run()
 		}
 	}
-	for _, dev := range driverproc.LoopDevicesOf(dir) {
+	// A device still in use goes when its last user does (autoclear).
+	for _, dev := range append(devs, driverproc.LoopDevicesOf(dir)...) {
 		exec.Command("losetup", "-d", dev).Run()
 	}
 	if left := driverproc.Mounts(dir); len(left) > 0 {
