@@ -3,6 +3,7 @@ package e2ek8s
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -29,7 +30,8 @@ const (
 	focusEnv = "E2E_K8S_FOCUS"
 	skipEnv  = "E2E_K8S_SKIP"
 	// E2E_K8S_PROCS is how many specs run at once (ginkgo --procs,
-	// default 4: most of a spec's time is waiting for pods and volumes).
+	// default 4: most of a spec's time is waiting for pods and volumes);
+	// the Disruptive ones always run one at a time (plan).
 	procsEnv = "E2E_K8S_PROCS"
 )
 
@@ -128,61 +130,67 @@ func TestExternalStorage(t *testing.T) {
 	t.Setenv("KUBE_SSH_KEY_PATH", startNodeSSH(t, c, net.JoinHostPort(cluster.NetNSNodeIP(), "22"), report))
 	t.Setenv("KUBE_SSH_USER", "root")
 	procs := 4
-	if s := os.Getenv(suiteEnv); s == "rest" || s == "all" {
-		// ginkgo runs only Serial specs alone; the Disruptive ones stop
-		// kubelet, and a spec beside them then fails to exec into its pod
-		// (kubelet's port refuses). One at a time, as upstream runs them.
-		procs = 1
-	}
 	if p := os.Getenv(procsEnv); p != "" {
 		if procs, err = strconv.Atoi(p); err != nil || procs < 1 {
 			t.Fatalf("%s=%q: want a number of processes", procsEnv, p)
 		}
 	}
-	args := []string{
-		// ginkgo's own flags: the specs in parallel processes (Serial
-		// ones alone at the end), the selection, no limit short of the
-		// test's own.
-		"--procs=" + strconv.Itoa(procs),
-		"--focus=" + focus,
-		"--skip=" + skip,
-		"--timeout=6h",
-		"--no-color",
-		"--silence-skips",
-		"-v",
-		filepath.Join(bin, "e2e.test"),
-		"--",
-		"-kubeconfig=" + c.Kubeconfig,
-		"-kubectl-path=" + filepath.Join(bin, "kubectl"),
-		"-provider=local",
-		// The suite looks for pods' volumes under kubelet's directory
-		// (through a host-exec pod), which is the cluster's own.
-		"-kubelet-root-dir=" + c.KubeletDir,
-		"-storage.testdriver=" + filepath.Join(root, "test", "e2e-k8s", "test-driver.yaml"),
-		// test-driver.yaml names its VolumeAttributesClass file relative
-		// to the repository.
-		"-repo-root=" + root,
-		"-report-dir=" + report,
-		// No ssh to the node: nothing to collect logs with (the
-		// cluster's logs are kept under LogDir).
-		"-disable-log-dump",
-		"-dump-logs-on-failure=false",
+	var (
+		runErr  error
+		elapsed []string
+	)
+	for _, p := range plan(os.Getenv(suiteEnv), focus, skip, procs) {
+		args := []string{
+			// ginkgo's own flags: the specs in parallel processes (Serial
+			// ones alone at the end), the selection, no limit short of the
+			// test's own.
+			"--procs=" + strconv.Itoa(p.procs),
+			"--focus=" + p.focus,
+			"--skip=" + p.skip,
+			"--label-filter=" + p.labels,
+			"--timeout=6h",
+			"--no-color",
+			"--silence-skips",
+			"-v",
+			filepath.Join(bin, "e2e.test"),
+			"--",
+			"-kubeconfig=" + c.Kubeconfig,
+			"-kubectl-path=" + filepath.Join(bin, "kubectl"),
+			"-provider=local",
+			// The suite looks for pods' volumes under kubelet's directory
+			// (through a host-exec pod), which is the cluster's own.
+			"-kubelet-root-dir=" + c.KubeletDir,
+			"-storage.testdriver=" + filepath.Join(root, "test", "e2e-k8s", "test-driver.yaml"),
+			// test-driver.yaml names its VolumeAttributesClass file relative
+			// to the repository.
+			"-repo-root=" + root,
+			"-report-dir=" + report,
+			// Each run's JUnit report is junit_<prefix>01.xml.
+			"-report-prefix=" + p.name,
+			// No ssh to the node: nothing to collect logs with (the
+			// cluster's logs are kept under LogDir).
+			"-disable-log-dump",
+			"-dump-logs-on-failure=false",
+		}
+		log := filepath.Join(report, p.name+"e2e.log")
+		t.Logf("ginkgo %s (log: %s)", strings.Join(args, " "), log)
+		start := time.Now()
+		if err := run(ctx, t, filepath.Join(bin, "ginkgo"), args, log); err != nil {
+			runErr = errors.Join(runErr, fmt.Errorf("%s: %w (log: %s)", p, err, log))
+		}
+		elapsed = append(elapsed, fmt.Sprintf("%s for %s", p, time.Since(start).Round(time.Second)))
 	}
-	t.Logf("ginkgo %s (log: %s)", strings.Join(args, " "), filepath.Join(report, "e2e.log"))
-	start := time.Now()
-	runErr := run(ctx, t, filepath.Join(bin, "ginkgo"), args, filepath.Join(report, "e2e.log"))
-	elapsed := time.Since(start)
 
 	files, _ := filepath.Glob(filepath.Join(report, "junit_*.xml"))
 	if len(files) == 0 {
-		t.Fatalf("e2e.test wrote no JUnit report (%v); see %s", runErr, filepath.Join(report, "e2e.log"))
+		t.Fatalf("e2e.test wrote no JUnit report (%v)", runErr)
 	}
 	specs, err := readJUnit(files, cluster.DriverName)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "e2e.test ran for %s in %d processes: focus %q, skip %q\n\n", elapsed.Round(time.Second), procs, focus, skip)
+	fmt.Fprintf(&b, "e2e.test ran %s\n\n", strings.Join(elapsed, ", then "))
 	table(&b, specs)
 	for _, o := range []outcome{failed, skipped} {
 		if rs := reasons(specs, o); len(rs) > 0 {
@@ -203,9 +211,9 @@ func TestExternalStorage(t *testing.T) {
 	// The closing line CI counts.
 	fmt.Printf("e2e-k8s: %d passed, %d failed, %d skipped\n", total.pass, total.fail, total.skip)
 	if total.fail > 0 {
-		t.Errorf("%d specs failed (log: %s)", total.fail, filepath.Join(report, "e2e.log"))
+		t.Errorf("%d specs failed (logs: %s)", total.fail, filepath.Join(report, "*e2e.log"))
 	} else if runErr != nil {
-		t.Errorf("e2e.test: %v (log: %s)", runErr, filepath.Join(report, "e2e.log"))
+		t.Errorf("e2e.test: %v", runErr)
 	}
 	if total.pass == 0 {
 		t.Error("no spec passed: nothing was tested")
@@ -239,6 +247,42 @@ func selection() (focus, skip string, err error) {
 		skip = join(skip, s)
 	}
 	return focus, skip, nil
+}
+
+// pass is one run of e2e.test over a part of the selection.
+type pass struct {
+	name   string // "" for a single run, else the prefix of its log and JUnit report
+	focus  string // ginkgo's --focus, --skip and --label-filter
+	skip   string
+	labels string
+	procs  int
+}
+
+func (p pass) String() string {
+	name := strings.TrimSuffix(p.name, "_")
+	if name == "" {
+		name = "e2e.test"
+	}
+	return fmt.Sprintf("%s (%d processes)", name, p.procs)
+}
+
+// plan splits the selection into runs of e2e.test. A Disruptive spec
+// stops kubelet, and a spec beside it then fails to exec into its pod
+// (kubelet's port refuses), but ginkgo runs only the Serial specs alone.
+// So where the suite's selection holds Disruptive specs (rest, all) they
+// get a run of their own, one at a time, after the others have run in
+// procs processes (ginkgo keeps their Serial ones to the end, alone).
+// The suite tags each such spec with the label Disruptive as well as the
+// "[Disruptive]" in its name, and a label filter composes with the
+// focus, which a second regexp could not (ginkgo ORs its --focus flags).
+func plan(suite, focus, skip string, procs int) []pass {
+	if (suite != "rest" && suite != "all") || procs == 1 {
+		return []pass{{focus: focus, skip: skip, procs: procs}}
+	}
+	return []pass{
+		{name: "parallel_", focus: focus, skip: skip, labels: "!Disruptive", procs: procs},
+		{name: "disruptive_", focus: focus, skip: skip, labels: "Disruptive", procs: 1},
+	}
 }
 
 // hasSysResource tells whether CAP_SYS_RESOURCE is in this process's

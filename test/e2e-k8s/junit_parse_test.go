@@ -1,6 +1,9 @@
 package e2ek8s
 
 import (
+	"os"
+	"path/filepath"
+	"reflect"
 	"regexp"
 	"strings"
 	"testing"
@@ -107,5 +110,61 @@ func TestSelection(t *testing.T) {
 	t.Setenv(suiteEnv, "bogus")
 	if _, _, err := selection(); err == nil {
 		t.Error("E2E_K8S_SUITE=bogus: no error")
+	}
+}
+
+// Two runs' reports, as the rest suite's two runs write them: each lists
+// every spec, the other run's as not selected.
+func TestReadJUnitOfTwoRuns(t *testing.T) {
+	dir := t.TempDir()
+	limits := `[It] [sig-storage] External Storage [Driver: loopvol.csi.io] [Testpattern: Dynamic PV (default fs)] volumeLimits should support volume limits [Serial]`
+	restart := `[It] [sig-storage] External Storage [Driver: loopvol.csi.io] [Testpattern: Dynamic PV (default fs)] disruptive[Disruptive] [LinuxOnly] Should test that pv written before kubelet restart is readable after restart.`
+	report := func(name, limitsCase, restartCase string) string {
+		f := filepath.Join(dir, name)
+		doc := `<testsuites><testsuite>` +
+			`<testcase name="` + limits + `" ` + limitsCase + `</testcase>` +
+			`<testcase name="` + restart + `" ` + restartCase + `</testcase>` +
+			`</testsuite></testsuites>`
+		if err := os.WriteFile(f, []byte(doc), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return f
+	}
+	left := `status="skipped" time="0"><skipped message="skipped"></skipped>`
+	files := []string{
+		report("junit_disruptive_01.xml", left, `status="failed" time="60"><failure>[FAILED] kubelet did not come back</failure>`),
+		report("junit_parallel_01.xml", `status="passed" time="30">`, left),
+	}
+	specs, err := readJUnit(files, "loopvol.csi.io")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, total := summarize(specs)
+	if total.total != 2 || total.pass != 1 || total.fail != 1 || total.notSelected != 0 {
+		t.Errorf("total %+v of %+v, want 2 specs: 1 passed, 1 failed", total, specs)
+	}
+}
+
+func TestPlan(t *testing.T) {
+	for _, tc := range []struct {
+		suite string
+		procs int
+		want  []pass
+	}{
+		{suite: "", procs: 4, want: []pass{{focus: "f", skip: "s", procs: 4}}},
+		{suite: "fast", procs: 2, want: []pass{{focus: "f", skip: "s", procs: 2}}},
+		{suite: "rest", procs: 1, want: []pass{{focus: "f", skip: "s", procs: 1}}},
+		{suite: "rest", procs: 4, want: []pass{
+			{name: "parallel_", focus: "f", skip: "s", labels: "!Disruptive", procs: 4},
+			{name: "disruptive_", focus: "f", skip: "s", labels: "Disruptive", procs: 1},
+		}},
+		{suite: "all", procs: 3, want: []pass{
+			{name: "parallel_", focus: "f", skip: "s", labels: "!Disruptive", procs: 3},
+			{name: "disruptive_", focus: "f", skip: "s", labels: "Disruptive", procs: 1},
+		}},
+	} {
+		if got := plan(tc.suite, "f", "s", tc.procs); !reflect.DeepEqual(got, tc.want) {
+			t.Errorf("plan(%q, %d) = %+v, want %+v", tc.suite, tc.procs, got, tc.want)
+		}
 	}
 }

@@ -237,9 +237,12 @@ func reasons(specs []spec, o outcome) []string {
 	return out
 }
 
-// readJUnit parses every junit_*.xml in dir.
+// readJUnit parses the reports of one or more runs of e2e.test. Each run's
+// report lists every spec, those it left out as not selected, so a spec
+// is counted once, by the run that selected it.
 func readJUnit(files []string, driver string) ([]spec, error) {
 	var all []spec
+	at := map[string]int{}
 	for _, f := range files {
 		fh, err := os.Open(f)
 		if err != nil {
@@ -250,7 +253,16 @@ func readJUnit(files []string, driver string) ([]spec, error) {
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", f, err)
 		}
-		all = append(all, specs...)
+		for _, s := range specs {
+			i, seen := at[s.name]
+			switch {
+			case !seen:
+				at[s.name] = len(all)
+				all = append(all, s)
+			case all[i].outcome == notSelected:
+				all[i] = s
+			}
+		}
 	}
 	return all, nil
 }
