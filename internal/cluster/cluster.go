@@ -61,6 +61,9 @@ type Cluster struct {
 	created []string
 	// hostLock is HostLockPath, held from Up to the end of Down.
 	hostLock *hostLock
+	// sysfs holds the network namespace's sysfs read-write (holdSysfs)
+	// in a namespace of its own; nil elsewhere.
+	sysfs *os.File
 	// serviceProxy: kube-proxy routes the Services' ClusterIPs, which it
 	// does only in the network namespace InNetNS made for NodeIP (its
 	// rules must never reach the host's).
@@ -138,6 +141,16 @@ func (c *Cluster) up(ctx context.Context) error {
 	for _, d := range []string{"/var/lib/kubelet/device-plugins", "/run/containerd"} {
 		if err := c.mkdirOutside(d); err != nil {
 			return err
+		}
+	}
+
+	if ownNetNS() && c.sysfs == nil {
+		// A cluster without it works; only the node plugin's loop device
+		// tuning fails (and says so in its log).
+		if f, err := holdSysfs(c.cfg.Dir); err != nil {
+			c.say("cluster: warning: a read-write sysfs for the network namespace: %v", err)
+		} else {
+			c.sysfs = f
 		}
 	}
 

@@ -88,6 +88,10 @@ func (c *Cluster) Down(ctx context.Context) error {
 		}
 	}
 	c.created = nil
+	if c.sysfs != nil {
+		c.sysfs.Close()
+		c.sysfs = nil
+	}
 	err := errors.Join(errs...)
 	if err != nil {
 		c.say("cluster: down in %s, left behind: %v", since(start), err)
@@ -390,4 +394,23 @@ func (c *Cluster) removeTree(dir string) error {
 		return fmt.Errorf("not removing %s: still mounted: %s", dir, strings.Join(mps, " "))
 	}
 	return os.RemoveAll(dir)
+}
+
+// LoopDeviceOf returns the loop device (/dev/loopN) whose backing file is
+// image: by device and inode, as the node plugin attaches it inside its
+// container, where the path differs from the host's.
+func LoopDeviceOf(image string) (string, error) {
+	var st unix.Stat_t
+	if err := unix.Lstat(image, &st); err != nil {
+		return "", err
+	}
+	ids := map[fileID]bool{{uint64(st.Dev), st.Ino}: true}
+	files, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
+	for _, f := range files {
+		dev := "/dev/" + filepath.Base(filepath.Dir(filepath.Dir(f)))
+		if backedByOneOf(dev, ids) {
+			return dev, nil
+		}
+	}
+	return "", fmt.Errorf("no loop device is backed by %s", image)
 }

@@ -122,6 +122,24 @@ func testVolumeLifecycle(t *testing.T, c *cluster.Cluster) {
 	if _, err := os.Stat(image); err != nil {
 		t.Fatalf("volume %s: no image in the pool: %v", handle, err)
 	}
+	// The node plugin tuned the volume's loop device (pkg/loop Tune) in
+	// its container: writeback throttling off (the kernel turns it on at
+	// the first write, 2000 µs) and, the volume being thick, discards
+	// refused. It needs a writable sysfs in the pod (internal/cluster
+	// holdSysfs).
+	dev, err := cluster.LoopDeviceOf(image)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for attr, want := range map[string]string{"wbt_lat_usec": "0", "discard_max_bytes": "0"} {
+		b, err := os.ReadFile(filepath.Join("/sys/block", filepath.Base(dev), "queue", attr))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.TrimSpace(string(b)); got != want {
+			t.Errorf("%s of %s (the volume's loop device): %s, want %s: the node plugin did not tune it (its log says why)", attr, dev, got, want)
+		}
+	}
 	vaName := attachment(ctx, t, c, pv.Name)
 	t.Logf("volume %s, VolumeAttachment %s attached", handle, vaName)
 
