@@ -190,7 +190,7 @@ func TestExternalStorage(t *testing.T) {
 		t.Fatal(err)
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "e2e.test ran %s\n\n", strings.Join(elapsed, ", then "))
+	fmt.Fprintf(&b, "e2e.test ran %s: focus %q, skip %q\n\n", strings.Join(elapsed, ", then "), focus, skip)
 	table(&b, specs)
 	for _, o := range []outcome{failed, skipped} {
 		if rs := reasons(specs, o); len(rs) > 0 {
