@@ -263,7 +263,7 @@ func (p pass) String() string {
 	if name == "" {
 		name = "e2e.test"
 	}
-	return fmt.Sprintf("%s (%d processes)", name, p.procs)
+	return fmt.Sprintf("%s (%d at a time)", name, p.procs)
 }
 
 // plan splits the selection into runs of e2e.test. A Disruptive spec
