@@ -395,22 +395,3 @@ func (c *Cluster) removeTree(dir string) error {
 	}
 	return os.RemoveAll(dir)
 }
-
-// LoopDeviceOf returns the loop device (/dev/loopN) whose backing file is
-// image: by device and inode, as the node plugin attaches it inside its
-// container, where the path differs from the host's.
-func LoopDeviceOf(image string) (string, error) {
-	var st unix.Stat_t
-	if err := unix.Lstat(image, &st); err != nil {
-		return "", err
-	}
-	ids := map[fileID]bool{{uint64(st.Dev), st.Ino}: true}
-	files, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
-	for _, f := range files {
-		dev := "/dev/" + filepath.Base(filepath.Dir(filepath.Dir(f)))
-		if backedByOneOf(dev, ids) {
-			return dev, nil
-		}
-	}
-	return "", fmt.Errorf("no loop device is backed by %s", image)
-}

@@ -15,6 +15,7 @@ import (
 	"github.com/loopvol/loopvol/internal/cluster"
 	"github.com/loopvol/loopvol/internal/cluster/clustertest"
 	"github.com/loopvol/loopvol/internal/testenv"
+	"github.com/loopvol/loopvol/pkg/loop"
 )
 
 // extraPools are pools of the zone "default" beside "default" itself, on
@@ -127,9 +128,9 @@ func testVolumeLifecycle(t *testing.T, c *cluster.Cluster) {
 	// the first write, 2000 µs) and, the volume being thick, discards
 	// refused. It needs a writable sysfs in the pod (internal/cluster
 	// holdSysfs).
-	dev, err := cluster.LoopDeviceOf(image)
-	if err != nil {
-		t.Fatal(err)
+	dev, found, err := loop.New().Find(image)
+	if err != nil || !found {
+		t.Fatalf("the loop device of %s: found %t, %v", image, found, err)
 	}
 	for attr, want := range map[string]string{"wbt_lat_usec": "0", "discard_max_bytes": "0"} {
 		b, err := os.ReadFile(filepath.Join("/sys/block", filepath.Base(dev), "queue", attr))
