@@ -71,7 +71,7 @@ func (c *ModifyController) sync(ctx context.Context, key string) error {
 		logger.V(5).Info("Claim has its VolumeAttributesClass")
 		return nil
 	}
-	if mine, err := volumeOnNode(ctx, c.client, c.cfg.NodeName, pv); err != nil || !mine {
+	if mine, err := kube.VolumeOnNode(ctx, c.client, c.cfg.NodeName, pv); err != nil || !mine {
 		return err
 	}
 	// The same infeasible class is not tried again before
@@ -302,23 +302,4 @@ func liveVolume(ctx context.Context, lister interface {
 		return nil, fmt.Errorf("read PersistentVolume %s: %w", name, err)
 	}
 	return pv, nil
-}
-
-// volumeOnNode tells, with a node name set (--node-deployment), whether
-// pv's required node affinity admits that node, as the resize
-// controller's onThisNode does; without one, every volume is.
-func volumeOnNode(ctx context.Context, client KubeClient, node string, pv *corev1.PersistentVolume) (bool, error) {
-	if node == "" {
-		return true, nil
-	}
-	aff := pv.Spec.NodeAffinity
-	if aff == nil || aff.Required == nil || len(aff.Required.NodeSelectorTerms) == 0 {
-		klog.FromContext(ctx).V(4).Info("The PersistentVolume has no node affinity; left to a resizer that is not per node")
-		return false, nil
-	}
-	n, err := client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
-	if err != nil {
-		return false, fmt.Errorf("read this controller's Node %s: %w", node, err)
-	}
-	return affinityAdmits(aff.Required, n), nil
 }

@@ -60,7 +60,7 @@ func (c *Controller) sync(ctx context.Context, key string) error {
 		logger.V(5).Info("Claim needs no expansion")
 		return nil
 	}
-	if mine, err := c.onThisNode(ctx, pv); err != nil || !mine {
+	if mine, err := kube.VolumeOnNode(ctx, c.client, c.cfg.NodeName, pv); err != nil || !mine {
 		return err
 	}
 	if dropAnnotation {
