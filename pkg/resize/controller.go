@@ -122,7 +122,7 @@ type Controller struct {
 	pvLister    corelisters.PersistentVolumeLister
 
 	claimQueue
-	metrics *metrics
+	metrics *kube.ClaimMetrics
 }
 
 // New builds a controller over the PersistentVolumeClaim and

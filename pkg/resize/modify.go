@@ -156,7 +156,7 @@ type ModifyController struct {
 
 	claimQueue
 	mods    *modifyState
-	metrics *modifyMetrics
+	metrics *kube.ClaimMetrics
 }
 
 // NewModifyController builds a modify controller over the shared

@@ -6,6 +6,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
+
+	"github.com/loopvol/loopvol/internal/kube"
 )
 
 // modifyState is what the modify controller remembers between syncs, per
@@ -88,32 +90,16 @@ func (s *modifyState) drop(key string) {
 	delete(s.infeasibleAt, key)
 }
 
-// modifyMetrics are the modify controller's own Prometheus metrics, next to
-// csi_sidecar_operations_seconds (ControllerModifyVolume) and the
-// workqueue metrics of the queue named by ModifyQueueName.
-type modifyMetrics struct {
-	modifies prometheus.Counter
-	errors   *prometheus.CounterVec
-}
-
-func newModifyMetrics(reg prometheus.Registerer) (*modifyMetrics, error) {
-	m := &modifyMetrics{
-		modifies: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "loopvol_resizer_modifies_total",
-			Help: "VolumeAttributesClass modifications applied: the driver accepted the class and the claim and its volume name it.",
-		}),
-		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "loopvol_resizer_modify_errors_total",
-			Help: "Failed ControllerModifyVolume attempts by gRPC code (" + noCode + ": failed before the driver answered, e.g. a missing Secret).",
-		}, []string{"grpc_status_code"}),
-	}
-	if reg == nil {
-		return m, nil
-	}
-	for _, col := range []prometheus.Collector{m.modifies, m.errors} {
-		if err := reg.Register(col); err != nil {
-			return nil, err
-		}
-	}
-	return m, nil
+// newModifyMetrics builds the modify controller's own metrics
+// (kube.ClaimMetrics: modifications applied, failed ControllerModifyVolume
+// attempts by gRPC code) and registers them on reg (when not nil). The
+// workqueue metrics are the queue's named by ModifyQueueName.
+func newModifyMetrics(reg prometheus.Registerer) (*kube.ClaimMetrics, error) {
+	return kube.NewClaimMetrics(reg, prometheus.CounterOpts{
+		Name: "loopvol_resizer_modifies_total",
+		Help: "VolumeAttributesClass modifications applied: the driver accepted the class and the claim and its volume name it.",
+	}, prometheus.CounterOpts{
+		Name: "loopvol_resizer_modify_errors_total",
+		Help: "Failed ControllerModifyVolume attempts by gRPC code (" + kube.NoCode + ": failed before the driver answered, e.g. a missing Secret).",
+	})
 }

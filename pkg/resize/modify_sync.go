@@ -188,7 +188,7 @@ func (c *ModifyController) modifyTo(ctx context.Context, key string, pvc *corev1
 		return fmt.Errorf("mark PersistentVolumeClaim %s as modified: %w", key, err)
 	}
 	c.recorder.Eventf(pvc, corev1.EventTypeNormal, ReasonModifySucceeded, "external resizer modified volume %s with vac %s successfully", pvc.Name, vac.Name)
-	c.metrics.modifies.Inc()
+	c.metrics.Done.Inc()
 	logger.V(2).Info("Modified volume", "volumeAttributesClass", vac.Name)
 	return nil
 }
@@ -207,12 +207,7 @@ func otherDriver(vac *storagev1.VolumeAttributesClass, driver string) error {
 // (not final) keeps its target. An error without a gRPC status (a missing
 // Secret) changes nothing in the claim. It returns cause for the retry.
 func (c *ModifyController) modifyFailed(ctx context.Context, key string, pvc *corev1.PersistentVolumeClaim, vac *storagev1.VolumeAttributesClass, cause error) error {
-	code, hasCode := csiclient.Code(cause)
-	label := noCode
-	if hasCode {
-		label = code.String()
-	}
-	c.metrics.errors.WithLabelValues(label).Inc()
+	code, hasCode := c.metrics.Failed(cause)
 	err := fmt.Errorf("modify volume %s to VolumeAttributesClass %s: %w", pvc.Spec.VolumeName, vac.Name, cause)
 	if !hasCode {
 		return err

@@ -76,7 +76,7 @@ func TestModify(t *testing.T) {
 	diff(t, "claim", "current=thick", modifyStatusOf(f.pvc("a")))
 	diff(t, "volume's class", thick, *f.pv("pv-a").Spec.VolumeAttributesClassName)
 	diff(t, "sync errors", []error{nil}, f.errs)
-	if got := testutil.ToFloat64(f.c.metrics.modifies); got != 1 {
+	if got := testutil.ToFloat64(f.c.metrics.Done); got != 1 {
 		t.Errorf("loopvol_resizer_modifies_total = %v, want 1", got)
 	}
 
@@ -169,7 +169,7 @@ func TestModifyInfeasible(t *testing.T) {
 	if len(f.errs) != 1 || !kube.IsFinal(f.errs[0]) {
 		t.Errorf("sync errors %v, want one final error (retried slowly)", f.errs)
 	}
-	if got := testutil.ToFloat64(f.c.metrics.errors.WithLabelValues("InvalidArgument")); got != 1 {
+	if got := testutil.ToFloat64(f.c.metrics.Errors.WithLabelValues("InvalidArgument")); got != 1 {
 		t.Errorf("loopvol_resizer_modify_errors_total{InvalidArgument} = %v, want 1", got)
 	}
 	if q := f.c.queue.Q.Len(); q != 0 {

@@ -201,7 +201,7 @@ func (c *Controller) expand(ctx context.Context, key string, pvc *corev1.Persist
 		c.recorder.Event(pvc, corev1.EventTypeNormal, ReasonResizeSuccessful, "Resize volume succeeded")
 		logger.V(2).Info("Expanded volume", "size", size.String())
 	}
-	c.metrics.resizes.Inc()
+	c.metrics.Done.Inc()
 	return nil
 }
 
@@ -253,12 +253,7 @@ func (c *Controller) resizeVolume(ctx context.Context, pv *corev1.PersistentVolu
 // ControllerResizeInfeasible, which lets the user lower the request again.
 // It returns cause for the retry.
 func (c *Controller) failed(ctx context.Context, key string, pvc *corev1.PersistentVolumeClaim, pv *corev1.PersistentVolume, cause error) error {
-	code, hasCode := csiclient.Code(cause)
-	label := noCode
-	if hasCode {
-		label = code.String()
-	}
-	c.metrics.errors.WithLabelValues(label).Inc()
+	code, hasCode := c.metrics.Failed(cause)
 	if hasCode && code == codes.FailedPrecondition {
 		c.state.setInUse(string(pvc.UID), true)
 	}
