@@ -5,14 +5,16 @@ BIN := $(CURDIR)/bin
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X main.version=$(VERSION)
 RUN := $(CURDIR)/_run
-# Packages of the default test run: everything but the suites that need the
-# built binaries and the control plane (they have their own targets).
-UNIT_PKGS := $(shell $(GO) list ./... | grep -v -e /test/ )
+# Packages of `make unit`: every package but the suites under test/ (they
+# need the built binaries) and those whose tests start the control plane
+# (ENVTEST_PKGS: bin/kube-apiserver and bin/etcd, `make tools`).
+ENVTEST_PKGS := ./internal/testenv/ ./internal/cluster/
+UNIT_PKGS := $(shell $(GO) list ./... | grep -v -e /test/ -e /internal/testenv -e /internal/cluster)
 
-.PHONY: help build tools run test test-fmt test-vet test-logcheck test-go test-sanity test-e2e bench clean
+.PHONY: help build tools all-tools run test unit test-fmt test-vet test-logcheck test-go test-unit test-envtest test-sanity test-e2e bench clean
 
 help: ##@ Show this help.
-	@awk 'BEGIN {FS = ":.*##@ "} /^[a-zA-Z0-9_-]+:.*##@ / {printf "  %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*##@ "} /^[a-zA-Z0-9_-]+:.*##@ / {printf "  %-19s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 build: ##@ Build bin/driver and bin/attacher.
 	@echo "### build"
@@ -23,6 +25,10 @@ tools: ##@ Build bin/kube-apiserver and bin/etcd once (the first build takes ~10
 	@echo "### tools"
 	@hack/tools/build.sh $(BIN)
 
+all-tools: ##@ Build every tool make test runs (make tools, cluster-tools and e2e-k8s-tools in one go: ~20 minutes cold, cached).
+	@echo "### all-tools"
+	@hack/tools/build.sh $(BIN) cluster e2e-k8s
+
 run: build ##@ Start the driver (all services) on pool ./_run/pool, socket ./_run/csi.sock.
 	@mkdir -p $(RUN)/pool $(RUN)/kubelet
 	@echo "loopvol driver: socket unix://$(RUN)/csi.sock, pool default=$(RUN)/pool, kubelet dir $(RUN)/kubelet, metrics http://127.0.0.1:9808/metrics"
@@ -30,13 +36,31 @@ run: build ##@ Start the driver (all services) on pool ./_run/pool, socket ./_ru
 	$(BIN)/driver --mode=all --endpoint=unix://$(RUN)/csi.sock --pool=default=$(RUN)/pool \
 		--kubelet-dir=$(RUN)/kubelet --node-id=$$(hostname) --http-endpoint=127.0.0.1:9808 --v=2
 
-test: test-fmt test-vet test-logcheck test-go test-sanity test-e2e test-images test-cluster test-e2e-k8s ##@ Run every check and test (real loop devices and mounts need root).
+# The checks that need no tool of hack/tools, and those that do. `make
+# test` runs the first while hack/tools/build.sh builds every tool in the
+# background (a cold build is about 20 minutes, mostly CPU; the real-device
+# tests mostly wait on the disk), then the second.
+TEST_NO_TOOLS := test-fmt test-vet test-logcheck test-unit test-sanity test-images
+TEST_WITH_TOOLS := test-envtest test-e2e test-cluster test-e2e-k8s
 
-test-fmt:
+test: ##@ Run every check and test (root: real loop devices, mounts and the real cluster); the tools build meanwhile (log: bin/tools.log).
+	@echo "### test: hack/tools/build.sh builds the tools in the background (bin/tools.log)"
+	@mkdir -p $(BIN); \
+	setsid hack/tools/build.sh $(BIN) cluster e2e-k8s >$(BIN)/tools.log 2>&1 & tools=$$!; \
+	stop() { kill -TERM -- -$$tools 2>/dev/null; wait $$tools; exit 1; }; \
+	trap stop INT TERM; \
+	$(MAKE) --no-print-directory $(TEST_NO_TOOLS) || stop; \
+	echo "### test: waiting for hack/tools/build.sh"; \
+	wait $$tools; rc=$$?; cat $(BIN)/tools.log; [ $$rc -eq 0 ] || exit $$rc; \
+	$(MAKE) --no-print-directory $(TEST_WITH_TOOLS)
+
+unit: test-unit ##@ The fast developer loop: every unit and real-device test that needs no tool (no kube-apiserver, -race).
+
+test-fmt: ##@ gofmt -l of every Go file git tracks (hack/tools' aside).
 	@echo "### test-fmt"
 	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v '^hack/tools/')); if [ -n "$$out" ]; then echo "not gofmt'ed:"; echo "$$out"; exit 1; fi
 
-test-vet:
+test-vet: ##@ go vet ./...
 	@echo "### test-vet"
 	$(GO) vet ./...
 
@@ -48,9 +72,15 @@ test-logcheck: $(BIN)/logcheck ##@ Structured, contextual logging only (klog log
 	@echo "### test-logcheck"
 	$(BIN)/logcheck -check-contextual -check-structured -config hack/logcheck.conf ./...
 
-test-go: tools ##@ Unit tests and real-device tests of every package (-race); internal/testenv needs the control plane.
-	@echo "### test-go"
+test-go: test-unit test-envtest ##@ Unit tests and real-device tests of every package (-race): test-unit, then test-envtest.
+
+test-unit: ##@ The packages' tests that need no tool: pkg/, cmd/, internal/kube … (-race; root for the real-device ones).
+	@echo "### test-unit"
 	$(GO) test -race -count=1 $(UNIT_PKGS)
+
+test-envtest: tools ##@ The packages' tests that start the control plane: internal/testenv, internal/cluster (-race).
+	@echo "### test-envtest"
+	$(GO) test -race -count=1 $(ENVTEST_PKGS)
 
 test-sanity: build ##@ csi-sanity and the driver scenario tests against the real driver binary (root: loop devices and mounts).
 	@echo "### test-sanity"
@@ -124,8 +154,18 @@ test-cluster: cluster-images ##@ Tests on a real one-node cluster with loopvol d
 	@echo "### test-cluster"
 	$(GO) test -count=1 -timeout 30m -v ./test/cluster/ 2>&1 | tee $(BIN)/cluster.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok)|cluster_test.go|cluster: (up|down)' ; exit $${PIPESTATUS[0]}
 
-demo: cluster-images ##@ A real one-node cluster, loopvol deployed with kubectl apply -k, a PVC taken to a Pod and back (root). KEEP=1 keeps it up until Ctrl-C.
+# What the demo runs, and no more: no csi-attacher, external-snapshotter or
+# e2e suite tools or images, which only the tests use.
+DEMO_TOOLS := etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl kube-proxy \
+	containerd containerd-shim-runc-v2 ctr runc csi-provisioner pause
+DEMO_IMAGES := loopvol-node,loopvol-controller,csi-provisioner,pause,busybox
+
+demo: static ##@ A real one-node cluster, loopvol deployed with kubectl apply -k, a PVC taken to a Pod and back (root). KEEP=1 keeps it up until Ctrl-C.
 	@echo "### demo"
+	@hack/tools/build.sh $(BIN) $(DEMO_TOOLS)
+	$(GO) -C hack/images build -o $(BIN)/images .
+	$(BIN)/images -bin $(STATIC) -tools $(BIN) -out $(IMAGES_OUT) -cache $(IMAGES_CACHE) -repo $(IMAGE_REPO) \
+		-tag $(IMAGE_TAG) -tag dev -created $(IMAGES_CREATED) -images $(DEMO_IMAGES)
 	$(GO) build -o $(BIN)/demo ./hack/demo
 	$(BIN)/demo -repo $(CURDIR) -dir $(CLUSTER_DIR) -bin $(BIN) -images $(IMAGES_OUT) $(if $(KEEP),-keep)
 

@@ -130,7 +130,7 @@ var toolRecipes = []toolRecipe{
 	{
 		// The upstream provisioner of the controller pod
 		// (deploy/kubernetes/base/controller.yaml); the tag is the version
-		// that hack/tools/provisioner/go.mod pins and overlays/local names.
+		// that hack/tools/csi/go.mod pins and overlays/local names.
 		recipe: recipe{
 			name:       "csi-provisioner",
 			from:       "scratch",
@@ -145,7 +145,7 @@ var toolRecipes = []toolRecipe{
 		// The upstream attacher that test/cluster's switching scenario
 		// puts in place of loopvol's sidecar and back
 		// (deploy/kubernetes/components/upstream-attacher); the tag is
-		// the version hack/tools/attacher/go.mod pins.
+		// the version hack/tools/csi/go.mod pins.
 		recipe: recipe{
 			name:       "csi-attacher",
 			from:       "scratch",
@@ -269,7 +269,7 @@ var toolRecipes = []toolRecipe{
 		// external-snapshotter's sidecar
 		// (deploy/kubernetes/components/snapshotter; test/cluster and
 		// test/e2e-k8s deploy it); the tag is the version
-		// hack/tools/snapshotter/go.mod pins.
+		// hack/tools/csi/go.mod pins.
 		recipe: recipe{
 			name:       "csi-snapshotter",
 			from:       "scratch",

@@ -32,10 +32,10 @@ func TestToolImagesAreTheClusterOnes(t *testing.T) {
 		tags[r.name] = r.tag
 	}
 	for name, pin := range map[string]struct{ gomod, module string }{
-		"csi-provisioner":     {"hack/tools/provisioner/go.mod", "github.com/kubernetes-csi/external-provisioner/v6"},
-		"csi-attacher":        {"hack/tools/attacher/go.mod", "github.com/kubernetes-csi/external-attacher/v4"},
-		"csi-snapshotter":     {"hack/tools/snapshotter/go.mod", "github.com/kubernetes-csi/external-snapshotter/v8"},
-		"snapshot-controller": {"hack/tools/snapshotter/go.mod", "github.com/kubernetes-csi/external-snapshotter/v8"},
+		"csi-provisioner":     {"hack/tools/csi/go.mod", "github.com/kubernetes-csi/external-provisioner/v6"},
+		"csi-attacher":        {"hack/tools/csi/go.mod", "github.com/kubernetes-csi/external-attacher/v4"},
+		"csi-snapshotter":     {"hack/tools/csi/go.mod", "github.com/kubernetes-csi/external-snapshotter/v8"},
+		"snapshot-controller": {"hack/tools/csi/go.mod", "github.com/kubernetes-csi/external-snapshotter/v8"},
 	} {
 		if want := pin.module + " " + tags[name] + "\n"; !strings.Contains(read(pin.gomod), want) {
 			t.Errorf("%s does not require %q", pin.gomod, strings.TrimSpace(want))

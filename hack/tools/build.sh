@@ -91,7 +91,7 @@ temps=()
 cleanup() {
 	local f
 	for f in "${temps[@]+"${temps[@]}"}"; do
-		rm -f -- "$f"
+		rm -rf -- "$f"
 	done
 }
 trap cleanup EXIT
@@ -160,36 +160,26 @@ describe() {
 		cache_dir=$cache_root/runc-$version
 		eta="~1-2 minutes"
 		;;
-	csi-provisioner)
-		mod_dir=$here/provisioner
-		local m=github.com/kubernetes-csi/external-provisioner/v6
-		pkg=$m/cmd/csi-provisioner
-		version=$(mod_version "$mod_dir/go.mod" $m)
-		ldflags="-s -w -X main.version=$version"
-		cache_dir=$cache_root/csi-provisioner-$version
-		eta="~3-5 minutes"
-		;;
-	csi-attacher)
-		# Upstream's attacher: the real-cluster tests switch loopvol's
-		# sidecar to it and back.
-		mod_dir=$here/attacher
-		local m=github.com/kubernetes-csi/external-attacher/v4
-		pkg=$m/cmd/csi-attacher
-		version=$(mod_version "$mod_dir/go.mod" $m)
-		ldflags="-s -w -X main.version=$version"
-		cache_dir=$cache_root/csi-attacher-$version
-		eta="~2-4 minutes"
-		;;
-	csi-snapshotter | snapshot-controller)
-		# external-snapshotter: the sidecar and the cluster-wide
-		# controller that the e2e suite's snapshot specs need.
-		mod_dir=$here/snapshotter
-		local m=github.com/kubernetes-csi/external-snapshotter/v8
+	csi-provisioner | csi-attacher | csi-snapshotter | snapshot-controller)
+		# The kubernetes-csi sidecars, one module (csi/tools.go says
+		# why): csi-provisioner beside loopvol's controller, csi-attacher
+		# (the real-cluster tests switch loopvol's sidecar to it and
+		# back), external-snapshotter's sidecar and cluster-wide
+		# controller (the e2e suite's snapshot specs). One cache folder
+		# for the four, named after the module's pins: a bump of any of
+		# them rebuilds all, since they share their libraries.
+		mod_dir=$here/csi
+		local m
+		case $1 in
+		csi-provisioner) m=github.com/kubernetes-csi/external-provisioner/v6 ;;
+		csi-attacher) m=github.com/kubernetes-csi/external-attacher/v4 ;;
+		*) m=github.com/kubernetes-csi/external-snapshotter/v8 ;;
+		esac
 		pkg=$m/cmd/$1
 		version=$(mod_version "$mod_dir/go.mod" $m)
 		ldflags="-s -w -X main.version=$version"
-		cache_dir=$cache_root/external-snapshotter-$version
-		eta="~2-4 minutes"
+		cache_dir=$cache_root/csi-$(cat "$mod_dir/go.mod" "$mod_dir/go.sum" | sha256sum | cut -c1-12)
+		eta="~5 minutes for the four"
 		;;
 	e2e.test)
 		# The upstream e2e suite is a test binary: `go test -c` of the
@@ -276,37 +266,117 @@ put() {
 	mv -f -- "$tmp" "$2"
 }
 
-build() {
-	local name=$1 tmp start
-	# shellcheck disable=SC2086 # gocmd is "build" or "test -c -vet=off"
-	tmp=$cache_dir/.$name.build.$$
-	temps+=("$tmp")
-	log "building $name $version (first build takes $eta)..."
+# A build group is every binary still to build whose go command, module,
+# tags and cgo setting are the same: one `go build` builds the group, so
+# the libraries they share (most of Kubernetes for kube-apiserver, kubelet
+# and the others; client-go and gRPC for the sidecars) are compiled once
+# and the linker of one binary runs while the next is compiled. Each
+# binary keeps its own -ldflags through go build's per-package pattern
+# form (-ldflags=PKG=FLAGS).
+declare -A group_of=() # name -> group key
+declare -a groups=()   # group keys, in the order first asked for
+declare -A group_names=()
+
+# queue NAME adds NAME (already described) to its build group.
+queue() {
+	local key="$mod_dir|$gocmd|$tags|$cgo"
+	if [[ -z ${group_names[$key]+x} ]]; then
+		groups+=("$key")
+		group_names[$key]=""
+	fi
+	group_names[$key]+=" $1"
+	group_of[$1]=$key
+}
+
+# bin_name PKG prints the name go build -o DIR/ gives PKG's binary: its
+# last path element, or the one before a major version suffix
+# (go.etcd.io/etcd/server/v3 is "server").
+bin_name() {
+	local b=${1##*/}
+	if [[ $b =~ ^v[0-9]+$ ]]; then
+		b=${1%/*}
+		b=${b##*/}
+	fi
+	printf '%s\n' "$b"
+}
+
+# build_group KEY builds every binary of the group KEY into its cache
+# folder, each checked to report its version before it is renamed into
+# place.
+build_group() {
+	local key=$1 name tmpdir start list=() args=() pkgs=()
+	read -r -a list <<<"${group_names[$key]}"
+	describe "${list[0]}"
+	local dir=$mod_dir cmd=$gocmd gtags=$tags gcgo=$cgo etas=""
+	for name in "${list[@]}"; do
+		describe "$name"
+		pkgs+=("$pkg")
+		args+=("-ldflags=$pkg=$ldflags")
+		etas+=" $name $version ($eta),"
+	done
+	tmpdir=$(mktemp -d "$cache_root/.build.XXXXXX")
+	temps+=("$tmpdir")
+	log "building${etas%,}..."
 	start=$SECONDS
-	(
-		cd "$mod_dir"
-		GOWORK=off CGO_ENABLED=$cgo GOFLAGS="${GOFLAGS:+$GOFLAGS }-mod=mod" \
-			go $gocmd -trimpath -tags "$tags" -ldflags "$ldflags" -o "$tmp" "$pkg"
-	)
-	has_version "$name" "$tmp" "$version" ||
-		die "the freshly built $name does not report version $version"
-	mv -f -- "$tmp" "$cache_dir/$name"
-	log "built $name $version in $((SECONDS - start))s"
+	if [[ $cmd == build ]]; then
+		# -o DIR/ names each binary after its package (bin_name).
+		(
+			cd "$dir"
+			GOWORK=off CGO_ENABLED=$gcgo GOFLAGS="${GOFLAGS:+$GOFLAGS }-mod=mod" \
+				go build -trimpath -tags "$gtags" "${args[@]}" -o "$tmpdir/" "${pkgs[@]}"
+		)
+	else
+		# go test -c builds one test binary at a time.
+		# shellcheck disable=SC2086 # cmd is "test -c -vet=off"
+		(
+			cd "$dir"
+			GOWORK=off CGO_ENABLED=$gcgo GOFLAGS="${GOFLAGS:+$GOFLAGS }-mod=mod" \
+				go $cmd -trimpath -tags "$gtags" -ldflags "$ldflags" -o "$tmpdir/${list[0]}" "${pkgs[0]}"
+		)
+	fi
+	for name in "${list[@]}"; do
+		describe "$name"
+		local out=$tmpdir/$name
+		[[ $cmd == build ]] && out=$tmpdir/$(bin_name "$pkg")
+		has_version "$name" "$out" "$version" ||
+			die "the freshly built $name does not report version $version"
+		mv -f -- "$out" "$cache_dir/$name"
+	done
+	rm -rf -- "$tmpdir"
+	log "built${list[*]/#/ } in $((SECONDS - start))s"
 }
 
 log "cache: $cache_root"
 for name in "${names[@]}"; do
 	describe "$name"
+	[[ -z ${group_of[$name]+x} ]] || continue
 	cached=$cache_dir/$name
 	dst=$bin_dir/$name
 	if [[ ! -x $cached ]]; then
 		if [[ -x $dst ]] && has_version "$name" "$dst" "$version"; then
 			log "keeping the existing $dst ($version) and caching it"
 			put "$dst" "$cached"
+		elif [[ $gocmd == build ]]; then
+			queue "$name"
 		else
-			build "$name"
+			# A test binary is a group of its own.
+			local_key="$mod_dir|$gocmd|$name"
+			groups+=("$local_key")
+			group_names[$local_key]=" $name"
+			group_of[$name]=$local_key
 		fi
 	fi
+done
+
+# The groups build one after another: each already keeps both cores busy.
+for key in "${groups[@]+"${groups[@]}"}"; do
+	build_group "$key"
+done
+
+for name in "${names[@]}"; do
+	describe "$name"
+	cached=$cache_dir/$name
+	dst=$bin_dir/$name
 	if [[ -e $dst && ($dst -ef $cached) ]] || { [[ -e $dst ]] && cmp -s -- "$cached" "$dst"; }; then
 		log "$dst is up to date ($version)"
 	else

@@ -22,13 +22,13 @@ const SnapshotterImage = "localhost/loopvol/csi-snapshotter:v8.7.0"
 
 // SnapshotCRDs applies the VolumeSnapshot and VolumeGroupSnapshot CRDs
 // from the module cache: those of external-snapshotter's client module
-// that hack/tools/snapshotter/go.mod pins (config/crd; hack/tools/build.sh
+// that hack/tools/csi/go.mod pins (config/crd; hack/tools/build.sh
 // csi-snapshotter downloads it), so that they always match the binaries,
 // and waits until they are served.
 func SnapshotCRDs(ctx context.Context, t *testing.T, c *cluster.Cluster, root string) {
 	t.Helper()
 	cmd := exec.CommandContext(ctx, "go", "list", "-mod=mod", "-m", "-f", "{{.Dir}}", "github.com/kubernetes-csi/external-snapshotter/client/v8")
-	cmd.Dir = filepath.Join(root, "hack", "tools", "snapshotter")
+	cmd.Dir = filepath.Join(root, "hack", "tools", "csi")
 	cmd.Env = append(os.Environ(), "GOWORK=off", "GOFLAGS=-mod=mod")
 	out, err := cmd.Output()
 	if err != nil {

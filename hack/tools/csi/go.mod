@@ -1,8 +1,13 @@
-module github.com/loopvol/loopvol/hack/tools/provisioner
+module github.com/loopvol/loopvol/hack/tools/csi
 
 go 1.26.0
 
-require github.com/kubernetes-csi/external-provisioner/v6 v6.4.0
+require (
+	github.com/kubernetes-csi/external-attacher/v4 v4.13.0
+	github.com/kubernetes-csi/external-provisioner/v6 v6.4.0
+	github.com/kubernetes-csi/external-snapshotter/client/v8 v8.7.0
+	github.com/kubernetes-csi/external-snapshotter/v8 v8.7.0
+)
 
 require (
 	cel.dev/expr v0.25.3 // indirect
@@ -17,6 +22,7 @@ require (
 	github.com/coreos/go-systemd/v22 v22.7.0 // indirect
 	github.com/davecgh/go-spew v1.1.2-0.20180830191138-d8f796af33cc // indirect
 	github.com/emicklei/go-restful/v3 v3.13.0 // indirect
+	github.com/evanphx/json-patch v5.9.11+incompatible // indirect
 	github.com/evanphx/json-patch/v5 v5.9.11 // indirect
 	github.com/felixge/httpsnoop v1.1.0 // indirect
 	github.com/fsnotify/fsnotify v1.10.1 // indirect
@@ -48,7 +54,6 @@ require (
 	github.com/inconshreveable/mousetrap v1.1.0 // indirect
 	github.com/json-iterator/go v1.1.12 // indirect
 	github.com/kubernetes-csi/csi-lib-utils v0.25.0 // indirect
-	github.com/kubernetes-csi/external-snapshotter/client/v8 v8.6.0 // indirect
 	github.com/kylelemons/godebug v1.1.0 // indirect
 	github.com/miekg/dns v1.1.73 // indirect
 	github.com/modern-go/concurrent v0.0.0-20180306012644-bacd9c7ef1dd // indirect
@@ -66,14 +71,15 @@ require (
 	go.etcd.io/etcd/client/pkg/v3 v3.7.2 // indirect
 	go.etcd.io/etcd/client/v3 v3.7.2 // indirect
 	go.opentelemetry.io/auto/sdk v1.2.1 // indirect
-	go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc v0.71.0 // indirect
+	go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc v0.72.0 // indirect
 	go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp v0.71.0 // indirect
-	go.opentelemetry.io/otel v1.46.0 // indirect
-	go.opentelemetry.io/otel/exporters/otlp/otlptrace v1.46.0 // indirect
-	go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc v1.46.0 // indirect
-	go.opentelemetry.io/otel/metric v1.46.0 // indirect
-	go.opentelemetry.io/otel/sdk v1.46.0 // indirect
-	go.opentelemetry.io/otel/trace v1.46.0 // indirect
+	go.opentelemetry.io/otel v1.47.0 // indirect
+	go.opentelemetry.io/otel/exporters/otlp/otlptrace v1.47.0 // indirect
+	go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc v1.47.0 // indirect
+	go.opentelemetry.io/otel/log v1.47.0 // indirect
+	go.opentelemetry.io/otel/metric v1.47.0 // indirect
+	go.opentelemetry.io/otel/sdk v1.47.0 // indirect
+	go.opentelemetry.io/otel/trace v1.47.0 // indirect
 	go.opentelemetry.io/proto/otlp v1.11.1 // indirect
 	go.uber.org/automaxprocs v1.6.0 // indirect
 	go.uber.org/multierr v1.11.0 // indirect
@@ -100,8 +106,8 @@ require (
 	k8s.io/apiserver v0.37.0 // indirect
 	k8s.io/client-go v0.37.0 // indirect
 	k8s.io/component-base v0.37.0 // indirect
-	k8s.io/component-helpers v0.36.1 // indirect
-	k8s.io/csi-translation-lib v0.36.1 // indirect
+	k8s.io/component-helpers v0.37.0 // indirect
+	k8s.io/csi-translation-lib v0.37.0 // indirect
 	k8s.io/klog/v2 v2.140.0 // indirect
 	k8s.io/kube-openapi v0.0.0-20260821135717-be32def86098 // indirect
 	k8s.io/streaming v0.37.0 // indirect
@@ -116,69 +122,72 @@ require (
 	sigs.k8s.io/yaml v1.6.0 // indirect
 )
 
-// The upstream module's own replace directives, repeated.
-replace k8s.io/cli-runtime => k8s.io/cli-runtime v0.36.1
+// One set of Kubernetes libraries for the three sidecars (see tools.go):
+// the replace directives of external-snapshotter v8.7.0 and
+// external-attacher v4.13.0 (v0.37.0), which external-provisioner v6.4.0
+// (released on v0.36.1) builds with too.
+replace k8s.io/api => k8s.io/api v0.37.0
 
-replace k8s.io/cloud-provider => k8s.io/cloud-provider v0.36.1
+replace k8s.io/apiextensions-apiserver => k8s.io/apiextensions-apiserver v0.37.0
 
-replace k8s.io/cluster-bootstrap => k8s.io/cluster-bootstrap v0.36.1
+replace k8s.io/apimachinery => k8s.io/apimachinery v0.37.0
 
-replace k8s.io/code-generator => k8s.io/code-generator v0.36.1
+replace k8s.io/apiserver => k8s.io/apiserver v0.37.0
 
-replace k8s.io/controller-manager => k8s.io/controller-manager v0.36.1
+replace k8s.io/cli-runtime => k8s.io/cli-runtime v0.37.0
 
-replace k8s.io/cri-api => k8s.io/cri-api v0.36.1
+replace k8s.io/client-go => k8s.io/client-go v0.37.0
 
-replace k8s.io/cri-client => k8s.io/cri-client v0.36.1
+replace k8s.io/cloud-provider => k8s.io/cloud-provider v0.37.0
 
-replace k8s.io/dynamic-resource-allocation => k8s.io/dynamic-resource-allocation v0.36.1
+replace k8s.io/cluster-bootstrap => k8s.io/cluster-bootstrap v0.37.0
 
-replace k8s.io/endpointslice => k8s.io/endpointslice v0.36.1
+replace k8s.io/code-generator => k8s.io/code-generator v0.37.0
 
-replace k8s.io/externaljwt => k8s.io/externaljwt v0.36.1
+replace k8s.io/component-base => k8s.io/component-base v0.37.0
 
-replace k8s.io/kms => k8s.io/kms v0.36.1
+replace k8s.io/component-helpers => k8s.io/component-helpers v0.37.0
 
-replace k8s.io/kube-aggregator => k8s.io/kube-aggregator v0.36.1
+replace k8s.io/controller-manager => k8s.io/controller-manager v0.37.0
 
-replace k8s.io/kube-controller-manager => k8s.io/kube-controller-manager v0.36.1
+replace k8s.io/cri-api => k8s.io/cri-api v0.37.0
 
-replace k8s.io/kube-proxy => k8s.io/kube-proxy v0.36.1
+replace k8s.io/cri-client => k8s.io/cri-client v0.37.0
 
-replace k8s.io/kube-scheduler => k8s.io/kube-scheduler v0.36.1
+replace k8s.io/cri-streaming => k8s.io/cri-streaming v0.37.0
 
-replace k8s.io/kubectl => k8s.io/kubectl v0.36.1
+replace k8s.io/csi-translation-lib => k8s.io/csi-translation-lib v0.37.0
 
-replace k8s.io/kubelet => k8s.io/kubelet v0.36.1
+replace k8s.io/dynamic-resource-allocation => k8s.io/dynamic-resource-allocation v0.37.0
 
-replace k8s.io/metrics => k8s.io/metrics v0.36.1
+replace k8s.io/endpointslice => k8s.io/endpointslice v0.37.0
 
-replace k8s.io/mount-utils => k8s.io/mount-utils v0.36.1
+replace k8s.io/externaljwt => k8s.io/externaljwt v0.37.0
 
-replace k8s.io/pod-security-admission => k8s.io/pod-security-admission v0.36.1
+replace k8s.io/kms => k8s.io/kms v0.37.0
 
-replace k8s.io/sample-apiserver => k8s.io/sample-apiserver v0.36.1
+replace k8s.io/kube-aggregator => k8s.io/kube-aggregator v0.37.0
 
-replace k8s.io/sample-cli-plugin => k8s.io/sample-cli-plugin v0.36.1
+replace k8s.io/kube-controller-manager => k8s.io/kube-controller-manager v0.37.0
 
-replace k8s.io/sample-controller => k8s.io/sample-controller v0.36.1
+replace k8s.io/kube-proxy => k8s.io/kube-proxy v0.37.0
 
-replace k8s.io/api => k8s.io/api v0.36.1
+replace k8s.io/kube-scheduler => k8s.io/kube-scheduler v0.37.0
 
-replace k8s.io/apiextensions-apiserver => k8s.io/apiextensions-apiserver v0.36.1
+replace k8s.io/kubectl => k8s.io/kubectl v0.37.0
 
-replace k8s.io/apimachinery => k8s.io/apimachinery v0.36.1
+replace k8s.io/kubelet => k8s.io/kubelet v0.37.0
 
-replace k8s.io/apiserver => k8s.io/apiserver v0.36.1
+replace k8s.io/metrics => k8s.io/metrics v0.37.0
 
-replace k8s.io/client-go => k8s.io/client-go v0.36.1
+replace k8s.io/mount-utils => k8s.io/mount-utils v0.37.0
 
-replace k8s.io/component-base => k8s.io/component-base v0.36.1
+replace k8s.io/pod-security-admission => k8s.io/pod-security-admission v0.37.0
 
-replace k8s.io/component-helpers => k8s.io/component-helpers v0.36.1
+replace k8s.io/sample-apiserver => k8s.io/sample-apiserver v0.37.0
 
-replace k8s.io/cri-streaming => k8s.io/cri-streaming v0.36.1
+replace k8s.io/sample-cli-plugin => k8s.io/sample-cli-plugin v0.37.0
 
-replace k8s.io/csi-translation-lib => k8s.io/csi-translation-lib v0.36.1
+replace k8s.io/sample-controller => k8s.io/sample-controller v0.37.0
 
-replace k8s.io/streaming => k8s.io/streaming v0.36.1
+replace k8s.io/streaming => k8s.io/streaming v0.37.0
