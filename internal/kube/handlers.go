@@ -39,17 +39,6 @@ func (hs *Handlers) Add(inf cache.SharedIndexInformer, h cache.ResourceEventHand
 	return nil
 }
 
-// HasSynced reports whether every handler has seen its informer's initial
-// list.
-func (hs *Handlers) HasSynced() bool {
-	for _, r := range hs.regs {
-		if !r.reg.HasSynced() {
-			return false
-		}
-	}
-	return true
-}
-
 // Synced are the HasSynced funcs of the handlers, for
 // cache.WaitForNamedCacheSync.
 func (hs *Handlers) Synced() []cache.InformerSynced {

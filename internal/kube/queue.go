@@ -13,8 +13,10 @@ import (
 )
 
 // Queue is one named, rate-limited work queue. Its name is what the
-// workqueue metrics report. The controller's worker loop owns it: Handle is
-// the one place that forgets an item's backoff or queues it again.
+// workqueue metrics report. The controller's worker loop owns it: Handle,
+// which ProcessNext calls, is the one place that ends a sync by forgetting
+// the item's backoff or queuing it again (ResetBackoff forgets the backoff
+// of every failing item at once, after an outage).
 type Queue[T comparable] struct {
 	// Name is the queue's name in the workqueue metrics and the logs.
 	Name string
@@ -114,7 +116,8 @@ func (q *Queue[T]) ShutDown() { q.Q.ShutDown() }
 // driver is reachable) with the items still queued, takes one item, waits
 // for ready again while holding it (an idle worker sits in Get while the
 // driver goes away), syncs it and hands the result to Handle, with final
-// telling which errors are final. It is the only place that calls Done. It
+// telling which errors are final (a sync that returns ErrBusy was not
+// run, and is handed to nothing). It is the only place that calls Done. It
 // returns false when the worker should stop (ctx ended or the queue shut
 // down).
 func (q *Queue[T]) ProcessNext(ctx context.Context, ready func(context.Context) error, sync func(context.Context, T) error, final func(error) bool) bool {
@@ -131,9 +134,19 @@ func (q *Queue[T]) ProcessNext(ctx context.Context, ready func(context.Context) 
 		return false
 	}
 	err := sync(ctx, key)
+	if errors.Is(err, ErrBusy) {
+		return true // not synced: whoever holds key queues it again
+	}
 	q.Handle(ctx, key, err, err != nil && final(err))
 	return true
 }
+
+// ErrBusy is what a sync passed to ProcessNext returns when it did not
+// sync the key because another worker holds it (an object that sits in
+// two queues, such as a VolumeAttachment deleted while it is attached),
+// and that worker queues the key here again when it is done. ProcessNext
+// then neither forgets the key's backoff nor queues it: nothing was tried.
+var ErrBusy = errors.New("another worker holds the key")
 
 // ValidateBackoff reports why start and max cannot drive NewQueue's
 // backoff, or nil: the controllers' Config.Validate all check it alike.

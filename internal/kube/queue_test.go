@@ -72,3 +72,21 @@ func TestQueueProcessNext(t *testing.T) {
 	for q.ProcessNext(ctx, ready, func(context.Context, string) error { return nil }, func(error) bool { return false }) {
 	}
 }
+
+// TestQueueProcessNextBusy: a sync that found its key held by another
+// worker (ErrBusy) leaves the key's backoff and the queue alone.
+func TestQueueProcessNextBusy(t *testing.T) {
+	_, ctx := ktesting.NewTestContext(t)
+	q := NewQueue[string]("test", time.Hour, time.Hour)
+	t.Cleanup(q.ShutDown)
+	ready := func(context.Context) error { return nil }
+	q.Handle(ctx, "a", errors.New("boom"), false) // one failure, waiting an hour
+	q.Q.Add("a")
+	busy := func(context.Context, string) error { return ErrBusy }
+	if !q.ProcessNext(ctx, ready, busy, func(error) bool { return false }) {
+		t.Fatal("ProcessNext stopped")
+	}
+	if q.Failures("a") != 1 || q.Failing() != 1 || q.Q.Len() != 0 {
+		t.Errorf("after a busy sync: failures %d, failing %d, queued %d; want 1, 1, 0", q.Failures("a"), q.Failing(), q.Q.Len())
+	}
+}
