@@ -16,7 +16,6 @@ func buildAttach(d *deps) (*runner, error) {
 		Informers:          d.informers,
 		CSI:                d.csi,
 		Workers:            int(d.cfg.workerThreads),
-		Resync:             d.cfg.resync,
 		RetryIntervalStart: d.cfg.retryIntervalStart,
 		RetryIntervalMax:   d.cfg.retryIntervalMax,
 		ReconcileSync:      d.cfg.reconcileSync,

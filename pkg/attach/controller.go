@@ -81,8 +81,6 @@ type Config struct {
 	// of the detach queue. The PersistentVolume queue gets a quarter of it
 	// (at least one).
 	Workers int
-	// Resync is the informer resync period; zero disables resyncs.
-	Resync time.Duration
 	// RetryIntervalStart and RetryIntervalMax bound the per-object
 	// exponential backoff after a failure.
 	RetryIntervalStart time.Duration
@@ -95,9 +93,8 @@ type Config struct {
 	DefaultFSType string
 	// Registerer receives the controller's metrics. Optional.
 	Registerer prometheus.Registerer
-	// Informers are the process's shared informers. Optional: when nil, the
-	// controller makes its own over Client (with Resync) and runs them in
-	// Run; when set, the caller starts them.
+	// Informers are the process's shared informers; the caller starts
+	// them (their resync period is every controller's).
 	Informers *kube.Informers
 	// NodeName, when set, limits the controller to the VolumeAttachments of
 	// that node (--node-deployment: one sidecar per node, next to a driver
@@ -131,8 +128,8 @@ func (c Config) Validate() error {
 		return errors.New("no CSI driver connection")
 	case c.Workers < 1:
 		return fmt.Errorf("workers must be at least 1, not %d", c.Workers)
-	case c.Resync < 0:
-		return fmt.Errorf("the resync period must not be negative, not %s", c.Resync)
+	case c.Informers == nil:
+		return errors.New("no shared informers")
 	case kube.ValidateBackoff(c.RetryIntervalStart, c.RetryIntervalMax) != nil:
 		return kube.ValidateBackoff(c.RetryIntervalStart, c.RetryIntervalMax)
 	case c.ReconcileSync < 0:
@@ -168,9 +165,6 @@ type Controller struct {
 
 	attachQ, detachQ, pvQ *queue
 
-	informers    *kube.Informers
-	ownInformers bool // made by New, so run by Run
-
 	locks   *keyLocks
 	pending *pendingTracker
 	state   *vaState
@@ -185,7 +179,7 @@ type Controller struct {
 }
 
 // New builds a controller over the VolumeAttachment, PersistentVolume and
-// CSINode informers of cfg.Informers (or informers of its own).
+// CSINode informers of cfg.Informers.
 func New(cfg Config) (*Controller, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("attach controller: %w", err)
@@ -201,32 +195,27 @@ func New(cfg Config) (*Controller, error) {
 		// A final error waits at least 32 initial intervals (32 s at the
 		// defaults): it will fail the same way until something changes. A
 		// detach on the same volume or node wakes it earlier.
-		attachQ:   kube.NewQueue[string](AttachQueueName, cfg.RetryIntervalStart, cfg.RetryIntervalMax),
-		detachQ:   kube.NewQueue[string](DetachQueueName, cfg.RetryIntervalStart, cfg.RetryIntervalMax),
-		pvQ:       kube.NewQueue[string](PVQueueName, cfg.RetryIntervalStart, cfg.RetryIntervalMax),
-		informers: cfg.Informers,
-		locks:     newKeyLocks(),
-		pending:   newPendingTracker(clk),
-		state:     newVAState(),
-		leaks:     newLeakTracker(),
+		attachQ: kube.NewQueue[string](AttachQueueName, cfg.RetryIntervalStart, cfg.RetryIntervalMax),
+		detachQ: kube.NewQueue[string](DetachQueueName, cfg.RetryIntervalStart, cfg.RetryIntervalMax),
+		pvQ:     kube.NewQueue[string](PVQueueName, cfg.RetryIntervalStart, cfg.RetryIntervalMax),
+		api:     cfg.Informers.APIHealth(),
+		locks:   newKeyLocks(),
+		pending: newPendingTracker(clk),
+		state:   newVAState(),
+		leaks:   newLeakTracker(),
 	}
-	if c.informers == nil {
-		c.informers = kube.NewInformers(cfg.Client, cfg.Resync)
-		c.ownInformers = true
-	}
-	c.api = c.informers.APIHealth()
 	m, err := newMetrics(c.trackedObjects, cfg.Registerer)
 	if err != nil {
 		return nil, fmt.Errorf("attach controller metrics: %w", err)
 	}
 	c.metrics = m
 
-	c.vaInformer = c.informers.VolumeAttachments()
+	c.vaInformer = cfg.Informers.VolumeAttachments()
 	if err := c.vaInformer.AddIndexers(vaIndexers); err != nil {
 		return nil, fmt.Errorf("attach controller: VolumeAttachment indexes: %w", err)
 	}
-	c.pvInformer = c.informers.PersistentVolumes(kube.PVAttach)
-	c.csiNodeInformer = c.informers.CSINodes()
+	c.pvInformer = cfg.Informers.PersistentVolumes(kube.PVAttach)
+	c.csiNodeInformer = cfg.Informers.CSINodes()
 	c.vaIndexer = c.vaInformer.GetIndexer()
 	c.vaLister = storagelisters.NewVolumeAttachmentLister(c.vaIndexer)
 	c.pvLister = corelisters.NewPersistentVolumeLister(c.pvInformer.GetIndexer())
@@ -234,7 +223,7 @@ func New(cfg Config) (*Controller, error) {
 	return c, nil
 }
 
-// Run starts the informers, waits for their caches, runs the workers and the
+// Run waits for the caches of the informers, runs the workers and the
 // reconcile until ctx ends, then shuts the queues down and waits for the
 // workers to finish their current item. It returns nil when ctx ends, and an
 // error only when it could not start.
@@ -256,9 +245,6 @@ func (c *Controller) Run(ctx context.Context) error {
 		return fmt.Errorf("attach controller: event handlers: %w", err)
 	}
 	defer handlers.Remove(logger)
-	if c.ownInformers {
-		c.informers.Start(ctx)
-	}
 
 	// After an API server outage, what failed meanwhile is retried at
 	// once rather than after each item's backoff.
@@ -337,80 +323,42 @@ func (c *Controller) pvWorker(ctx context.Context) {
 	}
 }
 
-// processNextVA takes one VolumeAttachment off q and syncs it. It is the
-// only place that calls Done, Forget and the rate-limited re-adds of the VA
-// queues. It returns false when the worker should stop.
+// processNextVA takes one VolumeAttachment off q and syncs it, through
+// kube.Queue.ProcessNext: the only place that calls Done, Forget and the
+// rate-limited re-adds of the queues. While the driver or the API server
+// is away it waits with the items still queued (their backoff untouched,
+// their age visible in the metrics) rather than fail each of them: without
+// the API server the outcome of a driver call could not be recorded, so it
+// would be made again and again. It returns false when the worker should
+// stop.
 func (c *Controller) processNextVA(ctx context.Context, q *queue) bool {
-	// While the driver or the API server is away, wait here with the items
-	// still queued (their backoff untouched, their age visible in the
-	// metrics) rather than fail each of them: without the API server the
-	// outcome of a driver call could not be recorded, so it would be made
-	// again and again.
-	if err := c.ready(ctx); err != nil {
-		return false
-	}
-	key, quit := q.Q.Get()
-	if quit {
-		return false
-	}
-	defer q.Q.Done(key)
-	// Idle workers sit in Get, past the check above, while the driver is
-	// ready; one of them gets the first item queued after the driver went
-	// away. Wait here too, holding the item.
-	if err := c.ready(ctx); err != nil {
-		q.Q.Add(key) // back in the queue unless the queue is shutting down
-		return false
-	}
-	if !c.locks.tryLock(key, q.Q) {
-		// The other VA queue's worker has it; it is queued here again
-		// when that worker is done.
-		return true
-	}
-	c.pending.start(key)
-	err := c.syncVA(ctx, key)
-	c.locks.unlock(key)
-	c.pending.finish(key, err == nil)
-	if kube.IsUnreachable(err) {
-		c.api.Observe(err)
-	}
-	c.handleErr(ctx, q, key, err)
-	c.forgetIfGone(key)
-	return true
+	return q.ProcessNext(ctx, c.ready, kube.Observing(c.api, func(ctx context.Context, key string) error {
+		if !c.locks.tryLock(key, q.Q) {
+			// The other VA queue's worker has it; it is queued here again
+			// when that worker is done.
+			return kube.ErrBusy
+		}
+		c.pending.start(key)
+		err := c.syncVA(ctx, key)
+		c.locks.unlock(key)
+		c.pending.finish(key, err == nil)
+		c.forgetIfGone(key)
+		return err
+	}), isFinal)
 }
 
 // ready waits until the driver and the API server are both there.
-func (c *Controller) ready(ctx context.Context) error {
-	if err := c.csi.WaitReady(ctx); err != nil {
-		return err
-	}
-	return c.api.WaitUp(ctx)
-}
+func (c *Controller) ready(ctx context.Context) error { return c.api.Gate(c.csi.WaitReady)(ctx) }
 
 // stillLeading is kube.StillLeading: nil unless ctx ended or this replica
 // can no longer be sure it holds its Lease.
 func (c *Controller) stillLeading(ctx context.Context) error { return kube.StillLeading(ctx) }
 
+// processNextPV takes one PersistentVolume off the PV queue and syncs it
+// (kube.Queue.ProcessNext), waiting while the API server is away: the
+// sync removes a finalizer and calls no driver.
 func (c *Controller) processNextPV(ctx context.Context) bool {
-	if err := c.api.WaitUp(ctx); err != nil {
-		return false
-	}
-	key, quit := c.pvQ.Q.Get()
-	if quit {
-		return false
-	}
-	defer c.pvQ.Q.Done(key)
-	err := c.syncPV(ctx, key)
-	if kube.IsUnreachable(err) {
-		c.api.Observe(err)
-	}
-	c.handleErr(ctx, c.pvQ, key, err)
-	return true
-}
-
-// handleErr ends one sync of key on q: errors that no retry fixes soon
-// (final gRPC codes, permanent errors) wait at least the final-error floor.
-func (c *Controller) handleErr(ctx context.Context, q *queue, key string, err error) time.Duration {
-	return q.Handle(ctx, key, err, err != nil && isFinal(err))
+	return c.pvQ.ProcessNext(ctx, c.api.WaitUp, kube.Observing(c.api, c.syncPV), isFinal)
 }
 
 // keyLocks makes sure one VolumeAttachment is processed by one worker at a

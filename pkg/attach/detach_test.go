@@ -9,6 +9,7 @@ import (
 	storagev1 "k8s.io/api/storage/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 
+	"github.com/loopvol/loopvol/internal/kube/kubetest"
 	"github.com/loopvol/loopvol/pkg/csiclient"
 )
 
@@ -89,7 +90,7 @@ func TestSyncVADetach(t *testing.T) {
 			},
 			wantAPI: []apiAction{
 				get("volumeattachments", "va1"),
-				{Verb: "get", Resource: "secrets", Name: "creds"},
+				{Verb: "get", Resource: "secrets", Namespace: "ns1", Name: "creds"},
 				patchVAJSON("va1", removeFinalizerAt("0")),
 			},
 			wantCSI: unpublish("pool.vol1", testNodeID, map[string]string{"token": "t0k3n"}),
@@ -150,14 +151,14 @@ func TestSyncVADetach(t *testing.T) {
 			if tc.unpublishErr != nil && status.Code(err) != status.Code(tc.unpublishErr) {
 				t.Errorf("syncVA error code = %s, want %s", status.Code(err), status.Code(tc.unpublishErr))
 			}
-			diff(t, "API actions", tc.wantAPI, f.actions())
-			diff(t, "CSI calls", tc.wantCSI, f.csi.takeCalls())
-			diff(t, "Events", tc.wantEvents, f.events())
+			kubetest.Diff(t, "API actions", tc.wantAPI, f.actions())
+			kubetest.Diff(t, "CSI calls", tc.wantCSI, f.csi.takeCalls())
+			kubetest.Diff(t, "Events", tc.wantEvents, f.events())
 			va := f.va("va1")
 			if len(va.Finalizers) == 0 {
 				va.Finalizers = nil
 			}
-			diff(t, "finalizers", tc.wantFinalizers, va.Finalizers)
+			kubetest.Diff(t, "finalizers", tc.wantFinalizers, va.Finalizers)
 			if tc.wantStatus != nil {
 				got := va.Status
 				if got.DetachError != nil {
@@ -166,7 +167,7 @@ func TestSyncVADetach(t *testing.T) {
 				if len(got.AttachmentMetadata) == 0 {
 					got.AttachmentMetadata = nil
 				}
-				diff(t, "status", *tc.wantStatus, got)
+				kubetest.Diff(t, "status", *tc.wantStatus, got)
 			}
 		})
 	}
@@ -226,12 +227,12 @@ func TestSyncPV(t *testing.T) {
 			if err := f.c.syncPV(f.ctx, "pv1"); err != nil {
 				t.Fatalf("syncPV: %v", err)
 			}
-			diff(t, "API actions", tc.wantAPI, f.actions())
+			kubetest.Diff(t, "API actions", tc.wantAPI, f.actions())
 			fins := f.pv("pv1").Finalizers
 			if len(fins) == 0 {
 				fins = nil
 			}
-			diff(t, "PV finalizers", tc.wantFinalizers, fins)
+			kubetest.Diff(t, "PV finalizers", tc.wantFinalizers, fins)
 		})
 	}
 }
@@ -250,10 +251,10 @@ func TestEnsurePVFinalizerStaleCache(t *testing.T) {
 	if err := f.c.ensurePVFinalizer(f.ctx, cached); err != nil {
 		t.Fatalf("ensurePVFinalizer: %v", err)
 	}
-	diff(t, "API actions", []apiAction{
+	kubetest.Diff(t, "API actions", []apiAction{
 		patchPV("pv1", addPVFinalizer),
 		get("persistentvolumes", "pv1"),
 		patchPV("pv1", `[{"op":"test","path":"/metadata/finalizers","value":["kubernetes.io/pv-protection"]},{"op":"add","path":"/metadata/finalizers/-","value":"`+finalizer+`"}]`),
 	}, f.actions())
-	diff(t, "PV finalizers", []string{"kubernetes.io/pv-protection", finalizer}, f.pv("pv1").Finalizers)
+	kubetest.Diff(t, "PV finalizers", []string{"kubernetes.io/pv-protection", finalizer}, f.pv("pv1").Finalizers)
 }

@@ -16,6 +16,7 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/loopvol/loopvol/internal/kube"
+	"github.com/loopvol/loopvol/internal/kube/kubetest"
 )
 
 // emptyState is what trackedObjects reports with nothing left to do.
@@ -80,7 +81,7 @@ func TestStateEmptyAfterBurst(t *testing.T) {
 	if len(vas.Items) != 0 {
 		t.Fatalf("%d VolumeAttachments left", len(vas.Items))
 	}
-	diff(t, "tracked objects after the burst", emptyState, f.c.trackedObjects().sizes)
+	kubetest.Diff(t, "tracked objects after the burst", emptyState, f.c.trackedObjects().sizes)
 }
 
 // TestStaleCacheNeverPublishesOrUnpublishes: a cached VolumeAttachment
@@ -100,9 +101,9 @@ func TestStaleCacheNeverPublishesOrUnpublishes(t *testing.T) {
 			f.cache(tc.va) // in the cache only
 			f.c.vaAdded(tc.va)
 			f.drain()
-			diff(t, "API actions", []apiAction{get("volumeattachments", "va1")}, f.actions())
-			diff(t, "CSI calls", nil, f.csi.takeCalls())
-			diff(t, "tracked objects", emptyState, f.c.trackedObjects().sizes)
+			kubetest.Diff(t, "API actions", []apiAction{get("volumeattachments", "va1")}, f.actions())
+			kubetest.Diff(t, "CSI calls", nil, f.csi.takeCalls())
+			kubetest.Diff(t, "tracked objects", emptyState, f.c.trackedObjects().sizes)
 		})
 	}
 }
@@ -124,9 +125,9 @@ func TestNotLeadingActsOnNothing(t *testing.T) {
 			if err == nil || !strings.Contains(err.Error(), kube.ErrNotLeading.Error()) {
 				t.Fatalf("syncVA = %v, want %v", err, kube.ErrNotLeading)
 			}
-			diff(t, "API actions", []apiAction{get("volumeattachments", "va1")}, f.actions())
-			diff(t, "CSI calls", nil, f.csi.takeCalls())
-			diff(t, "Events", nil, f.events())
+			kubetest.Diff(t, "API actions", []apiAction{get("volumeattachments", "va1")}, f.actions())
+			kubetest.Diff(t, "CSI calls", nil, f.csi.takeCalls())
+			kubetest.Diff(t, "Events", nil, f.events())
 		})
 	}
 }
@@ -145,12 +146,12 @@ func TestCallTimeoutGrows(t *testing.T) {
 		}
 		got = append(got, f.c.state.callTimeout("va1", f.c.cfg.Timeout))
 	}
-	diff(t, "timeouts after each timeout", []time.Duration{20 * time.Second, 40 * time.Second, 80 * time.Second, 80 * time.Second, 80 * time.Second}, got)
+	kubetest.Diff(t, "timeouts after each timeout", []time.Duration{20 * time.Second, 40 * time.Second, 80 * time.Second, 80 * time.Second, 80 * time.Second}, got)
 	f.csi.publishErr = nil
 	if err := f.c.syncVA(f.ctx, "va1"); err != nil {
 		t.Fatal(err)
 	}
-	diff(t, "timeout after a success", 10*time.Second, f.c.state.callTimeout("va1", f.c.cfg.Timeout))
+	kubetest.Diff(t, "timeout after a success", 10*time.Second, f.c.state.callTimeout("va1", f.c.cfg.Timeout))
 	if _, _, timeouts := f.c.state.sizes(); timeouts != 0 {
 		t.Errorf("%d grown timeouts remembered after a success, want 0", timeouts)
 	}
@@ -211,7 +212,7 @@ func TestLeakRepair(t *testing.T) {
 			f := newFixture(t, allCaps, tc.objs...)
 			f.csi.published = maps.Clone(published)
 			f.c.reconcile(f.ctx)
-			diff(t, "CSI calls of the first pass", []csiCall{listed}, f.csi.takeCalls())
+			kubetest.Diff(t, "CSI calls of the first pass", []csiCall{listed}, f.csi.takeCalls())
 			if tc.between != nil {
 				tc.between(f)
 			}
@@ -224,7 +225,7 @@ func TestLeakRepair(t *testing.T) {
 					rest[0], rest[1] = rest[1], rest[0]
 				}
 			}
-			diff(t, "CSI calls of the second pass", tc.wantCSI, calls)
+			kubetest.Diff(t, "CSI calls of the second pass", tc.wantCSI, calls)
 			if got := f.c.leaks.size(); got != tc.wantLeft {
 				t.Errorf("leaks tracked: %d, want %d", got, tc.wantLeft)
 			}

@@ -17,6 +17,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/loopvol/loopvol/internal/kube/kubetest"
 )
 
 // countCalls counts the CSI calls of each method.
@@ -66,9 +68,9 @@ func TestAttachDetachFlowPublishesOnceWithFourWrites(t *testing.T) {
 			t.Errorf("va%d not attached: %+v", i, va.Status)
 		}
 	}
-	diff(t, "CSI calls after attach", map[string]int{"ControllerPublishVolume": n}, countCalls(f.csi.takeCalls()))
+	kubetest.Diff(t, "CSI calls after attach", map[string]int{"ControllerPublishVolume": n}, countCalls(f.csi.takeCalls()))
 	attachWrites := countWrites(f.actions())
-	diff(t, "API writes of the attaches", map[string]int{
+	kubetest.Diff(t, "API writes of the attaches", map[string]int{
 		"patch persistentvolumes":        n, // PV finalizer
 		"patch volumeattachments":        n, // VA finalizer + node ID
 		"patch volumeattachments/status": n, // attached
@@ -79,8 +81,8 @@ func TestAttachDetachFlowPublishesOnceWithFourWrites(t *testing.T) {
 		f.c.vaUpdated(va, va)
 	}
 	f.drain()
-	diff(t, "CSI calls after a resync", map[string]int{}, countCalls(f.csi.takeCalls()))
-	diff(t, "API writes after a resync", map[string]int{}, countWrites(f.actions()))
+	kubetest.Diff(t, "CSI calls after a resync", map[string]int{}, countCalls(f.csi.takeCalls()))
+	kubetest.Diff(t, "API writes after a resync", map[string]int{}, countWrites(f.actions()))
 
 	// kube-controller-manager deletes them (the API server sets the
 	// deletionTimestamp; the finalizer holds them).
@@ -96,8 +98,8 @@ func TestAttachDetachFlowPublishesOnceWithFourWrites(t *testing.T) {
 		t.Fatalf("queues after deletion: attach %d, detach %d; want 0, %d", f.c.attachQ.Q.Len(), f.c.detachQ.Q.Len(), n)
 	}
 	f.drain()
-	diff(t, "CSI calls after detach", map[string]int{"ControllerUnpublishVolume": n}, countCalls(f.csi.takeCalls()))
-	diff(t, "API writes of the detaches", map[string]int{"patch volumeattachments": n}, countWrites(f.actions()))
+	kubetest.Diff(t, "CSI calls after detach", map[string]int{"ControllerUnpublishVolume": n}, countCalls(f.csi.takeCalls()))
+	kubetest.Diff(t, "API writes of the detaches", map[string]int{"patch volumeattachments": n}, countWrites(f.actions()))
 	for i := range n {
 		if fins := f.va(fmt.Sprintf("va%d", i)).Finalizers; len(fins) != 0 {
 			t.Errorf("va%d keeps finalizers %v", i, fins)
@@ -142,7 +144,7 @@ func TestOwnStatusWriteDoesNotResetBackoff(t *testing.T) {
 			if status.Code(err) != status.Code(tc.err) {
 				t.Fatalf("syncVA = %v, want %v", err, tc.err)
 			}
-			if got := f.c.handleErr(f.ctx, f.c.attachQ, "va1", err); got != tc.wantDelay {
+			if got := f.handle(f.c.attachQ, "va1", err); got != tc.wantDelay {
 				t.Errorf("retry delay = %s, want %s", got, tc.wantDelay)
 			}
 			// The attachError write comes back as an update event.
@@ -167,12 +169,12 @@ func TestHandleErrBackoffGrowsAndResets(t *testing.T) {
 	transient := status.Error(codes.DeadlineExceeded, "slow")
 	var got []time.Duration
 	for range 4 {
-		got = append(got, f.c.handleErr(f.ctx, f.c.attachQ, "va1", transient))
+		got = append(got, f.handle(f.c.attachQ, "va1", transient))
 	}
-	got = append(got, f.c.handleErr(f.ctx, f.c.attachQ, "va1", permanent(errors.New("bad spec"))))
-	got = append(got, f.c.handleErr(f.ctx, f.c.attachQ, "va1", nil))
-	got = append(got, f.c.handleErr(f.ctx, f.c.attachQ, "va1", transient))
-	diff(t, "retry delays", []time.Duration{
+	got = append(got, f.handle(f.c.attachQ, "va1", permanent(errors.New("bad spec"))))
+	got = append(got, f.handle(f.c.attachQ, "va1", nil))
+	got = append(got, f.handle(f.c.attachQ, "va1", transient))
+	kubetest.Diff(t, "retry delays", []time.Duration{
 		time.Second, 2 * time.Second, 4 * time.Second, 8 * time.Second, // doubling
 		32 * time.Second, // final: the floor
 		0,                // success forgets
@@ -252,7 +254,7 @@ func TestOneWorkerPerVolumeAttachmentAcrossQueues(t *testing.T) {
 	}
 	f.c.detachQ.Q.Add("va1")
 	f.c.processNextVA(f.ctx, f.c.detachQ)
-	diff(t, "CSI calls while another worker holds va1", nil, f.csi.takeCalls())
+	kubetest.Diff(t, "CSI calls while another worker holds va1", nil, f.csi.takeCalls())
 	if n := f.c.detachQ.Q.Len(); n != 0 {
 		t.Fatalf("detach queue holds %d items while va1 is busy", n)
 	}
@@ -261,7 +263,7 @@ func TestOneWorkerPerVolumeAttachmentAcrossQueues(t *testing.T) {
 		t.Fatalf("va1 not handed back to the detach queue (%d items)", n)
 	}
 	f.c.processNextVA(f.ctx, f.c.detachQ)
-	diff(t, "CSI calls", map[string]int{"ControllerUnpublishVolume": 1}, countCalls(f.csi.takeCalls()))
+	kubetest.Diff(t, "CSI calls", map[string]int{"ControllerUnpublishVolume": 1}, countCalls(f.csi.takeCalls()))
 }
 
 func TestDetachWakesAttachesBlockedOnTheSameVolumeOrNode(t *testing.T) {
@@ -281,7 +283,7 @@ func TestDetachWakesAttachesBlockedOnTheSameVolumeOrNode(t *testing.T) {
 		f.c.attachQ.Q.Done(k)
 		woken = append(woken, k)
 	}
-	diff(t, "woken attaches", []string{"same-volume", "same-node"}, woken)
+	kubetest.Diff(t, "woken attaches", []string{"same-volume", "same-node"}, woken)
 }
 
 func TestCSINodeRegistrationWakesWaitingAttaches(t *testing.T) {
@@ -323,13 +325,13 @@ func TestVAMetadataConflictReadsAgain(t *testing.T) {
 	if err := f.c.syncVA(f.ctx, "va1"); err != nil {
 		t.Fatalf("syncVA: %v", err)
 	}
-	diff(t, "API actions", []apiAction{
+	kubetest.Diff(t, "API actions", []apiAction{
 		patchVAMeta("va1", `{"metadata":{"resourceVersion":"7","finalizers":["`+finalizer+`"],"annotations":{"`+nodeIDAnn+`":"`+testNodeID+`"}}}`),
 		get("volumeattachments", "va1"),
 		patchVAMeta("va1", `{"metadata":{"resourceVersion":"8","finalizers":["`+otherFin+`","`+finalizer+`"],"annotations":{"`+nodeIDAnn+`":"`+testNodeID+`"}}}`),
 		patchVAStatus("va1", markAttached),
 	}, f.actions())
-	diff(t, "finalizers", []string{otherFin, finalizer}, f.va("va1").Finalizers)
+	kubetest.Diff(t, "finalizers", []string{otherFin, finalizer}, f.va("va1").Finalizers)
 }
 
 func TestStaleCacheAfterOwnWriteReadsLiveObject(t *testing.T) {
@@ -343,13 +345,13 @@ func TestStaleCacheAfterOwnWriteReadsLiveObject(t *testing.T) {
 	if err := f.client.Tracker().Update(vaGVR, live, ""); err != nil {
 		t.Fatal(err)
 	}
-	f.c.state.recordWrite("va1", "6", testNow)
+	f.c.state.written.Record("va1", "6", testNow)
 	f.client.ClearActions()
 	if err := f.c.syncVA(f.ctx, "va1"); err != nil {
 		t.Fatalf("syncVA: %v", err)
 	}
-	diff(t, "API actions", []apiAction{get("volumeattachments", "va1")}, f.actions())
-	diff(t, "CSI calls (no second publish)", nil, f.csi.takeCalls())
+	kubetest.Diff(t, "API actions", []apiAction{get("volumeattachments", "va1")}, f.actions())
+	kubetest.Diff(t, "CSI calls (no second publish)", nil, f.csi.takeCalls())
 }
 
 func TestWaitsForTheDriverInsteadOfFailing(t *testing.T) {
@@ -365,7 +367,7 @@ func TestWaitsForTheDriverInsteadOfFailing(t *testing.T) {
 	if n := f.c.attachQ.Q.Len(); n != 1 {
 		t.Errorf("attach queue holds %d items, want the item untouched", n)
 	}
-	diff(t, "API actions while the driver is away", nil, f.actions())
+	kubetest.Diff(t, "API actions while the driver is away", nil, f.actions())
 }
 
 // gatedCSI is a driver that is not ready until ready is closed.
@@ -396,9 +398,9 @@ func TestVAMetadataPatchFailureIsReportedWithoutPublishing(t *testing.T) {
 	if !apierrors.IsInternalError(err) || isFinal(err) {
 		t.Fatalf("syncVA = %v, want a transient internal error", err)
 	}
-	diff(t, "CSI calls", nil, f.csi.takeCalls())
+	kubetest.Diff(t, "CSI calls", nil, f.csi.takeCalls())
 	const msg = `add finalizer and node ID to VolumeAttachment "va1": Internal error occurred: etcd is sad`
-	diff(t, "Events", []string{"Warning AttachFailed " + msg}, f.events())
+	kubetest.Diff(t, "Events", []string{"Warning AttachFailed " + msg}, f.events())
 	if got := f.va("va1").Status.AttachError; got == nil || got.Message != msg || got.ErrorCode != nil {
 		t.Errorf("attachError = %+v, want %q without a gRPC code", got, msg)
 	}
@@ -436,7 +438,7 @@ func TestWriteOrderAroundTheDriver(t *testing.T) {
 		t.Fatalf("detach: %v", err)
 	}
 	record("")
-	diff(t, "timeline", []string{
+	kubetest.Diff(t, "timeline", []string{
 		"patch persistentvolumes", // PV finalizer
 		"patch volumeattachments", // VA finalizer + node ID
 		"ControllerPublishVolume", // once

@@ -2,8 +2,6 @@ package attach
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"maps"
 	"strconv"
@@ -13,24 +11,22 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
-	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
-	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2/ktesting"
 	testingclock "k8s.io/utils/clock/testing"
 
 	"github.com/loopvol/loopvol/internal/kube"
+	"github.com/loopvol/loopvol/internal/kube/kubetest"
 	"github.com/loopvol/loopvol/pkg/csiclient"
 )
 
@@ -331,6 +327,7 @@ func newFixture(t *testing.T, caps csiclient.Capabilities, objs ...runtime.Objec
 		Client:             f.client,
 		CSI:                f.csi,
 		Recorder:           f.recorder,
+		Informers:          kube.NewInformers(f.client, 0),
 		Workers:            2,
 		RetryIntervalStart: time.Second,
 		RetryIntervalMax:   5 * time.Minute,
@@ -455,88 +452,45 @@ func (f *fixture) drain() {
 
 func (f *fixture) va(name string) *storagev1.VolumeAttachment {
 	f.t.Helper()
-	o, err := f.client.Tracker().Get(storagev1.SchemeGroupVersion.WithResource("volumeattachments"), "", name)
-	if err != nil {
-		f.t.Fatalf("get VolumeAttachment %s: %v", name, err)
-	}
-	return o.(*storagev1.VolumeAttachment)
+	return kubetest.Get[*storagev1.VolumeAttachment](f.t, f.client, vaGVR, "", name)
 }
 
 func (f *fixture) pv(name string) *corev1.PersistentVolume {
 	f.t.Helper()
-	o, err := f.client.Tracker().Get(corev1.SchemeGroupVersion.WithResource("persistentvolumes"), "", name)
-	if err != nil {
-		f.t.Fatalf("get PersistentVolume %s: %v", name, err)
-	}
-	return o.(*corev1.PersistentVolume)
+	return kubetest.Get[*corev1.PersistentVolume](f.t, f.client, corev1.SchemeGroupVersion.WithResource("persistentvolumes"), "", name)
 }
 
 // events returns the Events recorded so far.
-func (f *fixture) events() []string {
-	var out []string
-	for {
-		select {
-		case e := <-f.recorder.Events:
-			out = append(out, e)
-		default:
-			return out
-		}
-	}
-}
+func (f *fixture) events() []string { return kubetest.Events(f.recorder) }
 
 // apiAction is one request to the API server, with its patch normalized.
-type apiAction struct {
-	Verb        string
-	Resource    string
-	Subresource string
-	Name        string
-	PatchType   types.PatchType
-	Patch       string
-}
+type apiAction = kubetest.Action
 
-func (f *fixture) actions() []apiAction {
-	var out []apiAction
-	for _, a := range f.client.Actions() {
-		if a.GetVerb() == "list" || a.GetVerb() == "watch" {
-			continue
-		}
-		act := apiAction{Verb: a.GetVerb(), Resource: a.GetResource().Resource, Subresource: a.GetSubresource()}
-		switch a := a.(type) {
-		case k8stesting.PatchAction:
-			act.Name, act.PatchType, act.Patch = a.GetName(), a.GetPatchType(), normJSON(string(a.GetPatch()))
-		case k8stesting.GetAction:
-			act.Name = a.GetName()
-		}
-		out = append(out, act)
-	}
-	f.client.ClearActions()
-	return out
-}
+// recorder lists every request but the informers' (lists and watches).
+var recorder = kubetest.Recorder{Skip: []string{"list"}}
 
-// normJSON re-encodes a JSON document with sorted keys.
-func normJSON(s string) string {
-	var v any
-	if err := json.Unmarshal([]byte(s), &v); err != nil {
-		return "invalid JSON: " + s
-	}
-	b, _ := json.Marshal(v)
-	return string(b)
+func (f *fixture) actions() []apiAction { return recorder.Take(f.client) }
+
+// handle ends one sync of key on q as Queue.ProcessNext does, and returns
+// the retry delay.
+func (f *fixture) handle(q *queue, key string, err error) time.Duration {
+	return q.Handle(f.ctx, key, err, err != nil && isFinal(err))
 }
 
 func patchPV(name, patch string) apiAction {
-	return apiAction{Verb: "patch", Resource: "persistentvolumes", Name: name, PatchType: types.JSONPatchType, Patch: normJSON(patch)}
+	return apiAction{Verb: "patch", Resource: "persistentvolumes", Name: name, PatchType: types.JSONPatchType, Patch: recorder.Norm(patch)}
 }
 
 func patchVAJSON(name, patch string) apiAction {
-	return apiAction{Verb: "patch", Resource: "volumeattachments", Name: name, PatchType: types.JSONPatchType, Patch: normJSON(patch)}
+	return apiAction{Verb: "patch", Resource: "volumeattachments", Name: name, PatchType: types.JSONPatchType, Patch: recorder.Norm(patch)}
 }
 
 func patchVAMeta(name, patch string) apiAction {
-	return apiAction{Verb: "patch", Resource: "volumeattachments", Name: name, PatchType: types.MergePatchType, Patch: normJSON(patch)}
+	return apiAction{Verb: "patch", Resource: "volumeattachments", Name: name, PatchType: types.MergePatchType, Patch: recorder.Norm(patch)}
 }
 
 func patchVAStatus(name, patch string) apiAction {
-	return apiAction{Verb: "patch", Resource: "volumeattachments", Subresource: "status", Name: name, PatchType: types.MergePatchType, Patch: normJSON(patch)}
+	return apiAction{Verb: "patch", Resource: "volumeattachments", Subresource: "status", Name: name, PatchType: types.MergePatchType, Patch: recorder.Norm(patch)}
 }
 
 func get(resource, name string) apiAction {
@@ -557,68 +511,4 @@ func attachErrorPatch(msg string, code int) string {
 
 func detachErrorPatch(msg string, code int) string {
 	return fmt.Sprintf(`{"status":{"detachError":{"message":%q,"time":%q,"errorCode":%d}}}`, msg, timeJSON, code)
-}
-
-func diff[T any](t *testing.T, what string, want, got T) {
-	t.Helper()
-	if d := cmp.Diff(want, got); d != "" {
-		t.Errorf("%s (-want +got):\n%s", what, d)
-	}
-}
-
-// withResourceVersions makes a fake clientset hand out a new resourceVersion
-// on every write and honour a resourceVersion precondition in merge patches,
-// as a real API server does (the fake keeps them as given). Controllers that
-// tell their own writes from others' by resourceVersion need it.
-func withResourceVersions(client *fake.Clientset) {
-	var mu sync.Mutex
-	next := 100
-	react := k8stesting.ObjectReaction(client.Tracker())
-	client.PrependReactor("*", "*", func(a k8stesting.Action) (bool, runtime.Object, error) {
-		mu.Lock()
-		defer mu.Unlock()
-		next++
-		rv := strconv.Itoa(next)
-		switch a := a.(type) {
-		case k8stesting.CreateActionImpl:
-			a.Object.(metav1.Object).SetResourceVersion(rv)
-			return react(a)
-		case k8stesting.UpdateActionImpl:
-			a.Object.(metav1.Object).SetResourceVersion(rv)
-			return react(a)
-		case k8stesting.PatchActionImpl:
-			switch a.PatchType {
-			case types.MergePatchType:
-				var p map[string]any
-				if err := json.Unmarshal(a.Patch, &p); err != nil {
-					return true, nil, err
-				}
-				md, _ := p["metadata"].(map[string]any)
-				if md == nil {
-					md = map[string]any{}
-					p["metadata"] = md
-				}
-				if want, ok := md["resourceVersion"].(string); ok {
-					cur, err := client.Tracker().Get(a.Resource, a.Namespace, a.Name)
-					if err != nil {
-						return true, nil, err
-					}
-					if cur.(metav1.Object).GetResourceVersion() != want {
-						return true, nil, apierrors.NewConflict(a.Resource.GroupResource(), a.Name, errors.New("the object has been modified"))
-					}
-				}
-				md["resourceVersion"] = rv
-				a.Patch, _ = json.Marshal(p)
-			case types.JSONPatchType:
-				var ops []map[string]any
-				if err := json.Unmarshal(a.Patch, &ops); err != nil {
-					return true, nil, err
-				}
-				ops = append(ops, map[string]any{"op": "add", "path": "/metadata/resourceVersion", "value": rv})
-				a.Patch, _ = json.Marshal(ops)
-			}
-			return react(a)
-		}
-		return false, nil, nil
-	})
 }

@@ -192,7 +192,7 @@ func (c *Controller) unpublishLeak(ctx context.Context, p publication) error {
 	}
 	for _, pv := range pvs {
 		if src := pv.Spec.CSI; src != nil && src.Driver == c.cfg.DriverName && src.VolumeHandle == p.volumeID {
-			if secrets, err = c.secrets(ctx, src.ControllerPublishSecretRef); err != nil {
+			if secrets, err = c.publishSecrets(ctx, src.ControllerPublishSecretRef); err != nil {
 				return err
 			}
 			break

@@ -113,7 +113,7 @@ func (c *Controller) patchVA(ctx context.Context, name string, pt types.PatchTyp
 		c.forget(name)
 		return out, nil
 	}
-	c.state.recordWrite(name, out.ResourceVersion, c.clock.Now())
+	c.state.written.Record(name, out.ResourceVersion, c.clock.Now())
 	c.forgetIfGone(name)
 	return out, nil
 }
@@ -135,117 +135,128 @@ func (c *Controller) forget(key string) {
 }
 
 // ensureVAMetadata gives va the finalizer and the node-ID annotation in one
-// patch, and returns the updated object and whether it patched (then the
-// object is as fresh as a read: the patch had a resourceVersion
-// precondition). A stale cached copy makes the patch conflict; then it
-// reads va afresh and tries once more.
+// patch, and returns the updated object and whether it is as fresh as a
+// read (it patched: the patch had a resourceVersion precondition; or it
+// read va again). A stale cached copy makes the patch conflict; then it
+// reads va afresh and tries once more (kube.RetryStale).
 func (c *Controller) ensureVAMetadata(ctx context.Context, va *storagev1.VolumeAttachment, nodeID string) (*storagev1.VolumeAttachment, bool, error) {
-	for try := 0; ; try++ {
+	out, fresh := va, false
+	err := kube.RetryStale(ctx, va, apierrors.IsConflict, func(ctx context.Context) (*storagev1.VolumeAttachment, error) {
+		fresh = true
+		return c.client.StorageV1().VolumeAttachments().Get(ctx, va.Name, metav1.GetOptions{})
+	}, func(ctx context.Context, va *storagev1.VolumeAttachment) error {
+		if va.DeletionTimestamp != nil {
+			return fmt.Errorf("VolumeAttachment %q is being deleted", va.Name)
+		}
 		data := vaMetadataPatch(va, c.finalizer, nodeID)
 		if data == nil {
-			return va, try > 0, nil
+			out = va
+			return nil
 		}
-		out, err := c.patchVA(ctx, va.Name, types.MergePatchType, data, false)
-		if err == nil {
-			return out, true, nil
+		patched, err := c.patchVA(ctx, va.Name, types.MergePatchType, data, false)
+		if err != nil {
+			return fmt.Errorf("add finalizer and node ID to VolumeAttachment %q: %w", va.Name, err)
 		}
-		if !apierrors.IsConflict(err) || try > 0 {
-			return nil, false, fmt.Errorf("add finalizer and node ID to VolumeAttachment %q: %w", va.Name, err)
-		}
-		live, gerr := c.client.StorageV1().VolumeAttachments().Get(ctx, va.Name, metav1.GetOptions{})
-		if gerr != nil {
-			return nil, false, fmt.Errorf("read VolumeAttachment %q again after a conflict: %w", va.Name, gerr)
-		}
-		if live.DeletionTimestamp != nil {
-			return nil, false, fmt.Errorf("VolumeAttachment %q is being deleted", va.Name)
-		}
-		va = live
+		out, fresh = patched, true
+		return nil
+	})
+	if err != nil {
+		return nil, false, err
 	}
+	return out, fresh, nil
 }
 
 // removeVAFinalizer removes the finalizer from va. It returns the object
 // after the patch, or nil when the object is gone (the API server deletes a
-// deleting object once its last finalizer goes).
+// deleting object once its last finalizer goes). The test op fails on a
+// stale copy, and any failed write is tried once more on the object read
+// again.
 func (c *Controller) removeVAFinalizer(ctx context.Context, va *storagev1.VolumeAttachment) (*storagev1.VolumeAttachment, error) {
-	for try := 0; ; try++ {
+	out := va
+	err := kube.RetryStale(ctx, va, nil, c.readVA(va.Name), func(ctx context.Context, va *storagev1.VolumeAttachment) error {
+		out = va
+		if va == nil {
+			return nil
+		}
 		data := kube.RemoveFinalizerPatch(va.Finalizers, c.finalizer)
 		if data == nil {
-			return va, nil
+			return nil
 		}
-		out, err := c.patchVA(ctx, va.Name, types.JSONPatchType, data, false)
+		patched, err := c.patchVA(ctx, va.Name, types.JSONPatchType, data, false)
 		switch {
-		case err == nil:
-			if out.DeletionTimestamp != nil && len(out.Finalizers) == 0 {
-				return nil, nil
-			}
-			return out, nil
 		case apierrors.IsNotFound(err):
+			out = nil
+		case err != nil:
+			return fmt.Errorf("remove finalizer from VolumeAttachment %q: %w", va.Name, err)
+		case patched.DeletionTimestamp != nil && len(patched.Finalizers) == 0:
+			out = nil
+		default:
+			out = patched
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// readVA reads a VolumeAttachment for kube.RetryStale: nil when it is gone.
+func (c *Controller) readVA(name string) func(context.Context) (*storagev1.VolumeAttachment, error) {
+	return func(ctx context.Context) (*storagev1.VolumeAttachment, error) {
+		va, err := c.client.StorageV1().VolumeAttachments().Get(ctx, name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
 			return nil, nil
-		case try > 0:
-			return nil, fmt.Errorf("remove finalizer from VolumeAttachment %q: %w", va.Name, err)
 		}
-		// The test op failed on a stale copy, or the write failed: read the
-		// object and try once more.
-		live, gerr := c.client.StorageV1().VolumeAttachments().Get(ctx, va.Name, metav1.GetOptions{})
-		if apierrors.IsNotFound(gerr) {
-			return nil, nil
-		}
-		if gerr != nil {
-			return nil, fmt.Errorf("remove finalizer from VolumeAttachment %q: %w (and reading it again: %w)", va.Name, err, gerr)
-		}
-		va = live
+		return va, err
 	}
 }
 
 // ensurePVFinalizer adds the finalizer to pv unless it has it, reading pv
 // again and retrying once when the test op fails on a stale copy.
 func (c *Controller) ensurePVFinalizer(ctx context.Context, pv *corev1.PersistentVolume) error {
-	for try := 0; ; try++ {
-		if slices.Contains(pv.Finalizers, c.finalizer) {
+	retriable := func(err error) bool { return !apierrors.IsNotFound(err) && !isFinal(err) }
+	read := func(ctx context.Context) (*corev1.PersistentVolume, error) {
+		return c.client.CoreV1().PersistentVolumes().Get(ctx, pv.Name, metav1.GetOptions{})
+	}
+	return kube.RetryStale(ctx, pv, retriable, read, func(ctx context.Context, pv *corev1.PersistentVolume) error {
+		switch {
+		case slices.Contains(pv.Finalizers, c.finalizer):
 			return nil
-		}
-		if pv.DeletionTimestamp != nil {
+		case pv.DeletionTimestamp != nil:
 			return permanent(fmt.Errorf("PersistentVolume %q is marked for deletion", pv.Name))
 		}
 		data := kube.AddFinalizerPatch(pv.Finalizers, c.finalizer)
-		_, err := c.client.CoreV1().PersistentVolumes().Patch(ctx, pv.Name, types.JSONPatchType, data, metav1.PatchOptions{})
-		if err == nil {
-			klog.FromContext(ctx).V(4).Info("Added finalizer to PersistentVolume", "persistentVolume", klog.KObj(pv))
-			return nil
-		}
-		if try > 0 || apierrors.IsNotFound(err) {
+		if _, err := c.client.CoreV1().PersistentVolumes().Patch(ctx, pv.Name, types.JSONPatchType, data, metav1.PatchOptions{}); err != nil {
 			return fmt.Errorf("add finalizer to PersistentVolume %q: %w", pv.Name, err)
 		}
-		live, gerr := c.client.CoreV1().PersistentVolumes().Get(ctx, pv.Name, metav1.GetOptions{})
-		if gerr != nil {
-			return fmt.Errorf("add finalizer to PersistentVolume %q: %w (and reading it again: %w)", pv.Name, err, gerr)
-		}
-		pv = live
-	}
+		klog.FromContext(ctx).V(4).Info("Added finalizer to PersistentVolume", "persistentVolume", klog.KObj(pv))
+		return nil
+	})
 }
 
 // removePVFinalizer removes the finalizer from pv, reading pv again and
 // retrying once when the test op fails on a stale copy.
 func (c *Controller) removePVFinalizer(ctx context.Context, pv *corev1.PersistentVolume) error {
-	for try := 0; ; try++ {
+	read := func(ctx context.Context) (*corev1.PersistentVolume, error) {
+		live, err := c.client.CoreV1().PersistentVolumes().Get(ctx, pv.Name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return nil, nil // gone: nothing to remove
+		}
+		return live, err
+	}
+	return kube.RetryStale(ctx, pv, nil, read, func(ctx context.Context, pv *corev1.PersistentVolume) error {
+		if pv == nil {
+			return nil
+		}
 		data := kube.RemoveFinalizerPatch(pv.Finalizers, c.finalizer)
 		if data == nil {
 			return nil
 		}
 		_, err := c.client.CoreV1().PersistentVolumes().Patch(ctx, pv.Name, types.JSONPatchType, data, metav1.PatchOptions{})
-		switch {
-		case err == nil, apierrors.IsNotFound(err):
-			return nil
-		case try > 0:
+		if err != nil && !apierrors.IsNotFound(err) {
 			return fmt.Errorf("remove finalizer from PersistentVolume %q: %w", pv.Name, err)
 		}
-		live, gerr := c.client.CoreV1().PersistentVolumes().Get(ctx, pv.Name, metav1.GetOptions{})
-		if apierrors.IsNotFound(gerr) {
-			return nil
-		}
-		if gerr != nil {
-			return fmt.Errorf("remove finalizer from PersistentVolume %q: %w (and reading it again: %w)", pv.Name, err, gerr)
-		}
-		pv = live
-	}
+		return nil
+	})
 }

@@ -56,8 +56,8 @@ func TestPatchBuilders(t *testing.T) {
 				}
 				return
 			}
-			if got := normJSON(string(tc.got)); got != normJSON(tc.want) {
-				t.Errorf("patch = %s\nwant    %s", got, normJSON(tc.want))
+			if got := recorder.Norm(string(tc.got)); got != recorder.Norm(tc.want) {
+				t.Errorf("patch = %s\nwant    %s", got, recorder.Norm(tc.want))
 			}
 		})
 	}

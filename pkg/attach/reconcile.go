@@ -46,9 +46,10 @@ func (c *Controller) reconcile(ctx context.Context) {
 	}
 	repaired := 0
 	for _, va := range vas {
+		_, wrote := c.state.written.Last(va.Name)
 		if va.Spec.Attacher != c.cfg.DriverName || va.DeletionTimestamp != nil ||
-			c.pending.has(va.Name) || !c.state.lastWrite(va.Name).Before(asked) ||
-			c.state.staleCache(va.Name, va.ResourceVersion) {
+			c.pending.has(va.Name) || !wrote.Before(asked) ||
+			c.state.written.Stale(va.Name, va.ResourceVersion) {
 			continue
 		}
 		t, err := c.resolve(ctx, va, caps, forReconcile)

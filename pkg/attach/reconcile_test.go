@@ -12,6 +12,7 @@ import (
 	storagev1 "k8s.io/api/storage/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 
+	"github.com/loopvol/loopvol/internal/kube/kubetest"
 	"github.com/loopvol/loopvol/pkg/csiclient"
 )
 
@@ -75,7 +76,7 @@ func TestReconcile(t *testing.T) {
 			name:      "written after the driver was asked → judged at the next pass",
 			caps:      allCaps,
 			objs:      []runtime.Object{done(attached(nil)), pv},
-			setup:     func(f *fixture) { f.c.state.recordWrite("va1", "3", testNow.Add(time.Second)) },
+			setup:     func(f *fixture) { f.c.state.written.Record("va1", "3", testNow.Add(time.Second)) },
 			wantCSI:   []csiCall{listed},
 			wantAfter: storagev1.VolumeAttachmentStatus{Attached: true},
 		},
@@ -118,13 +119,13 @@ func TestReconcile(t *testing.T) {
 					t.Errorf("the forced sync is still pending after a successful sync")
 				}
 			}
-			diff(t, "CSI calls", tc.wantCSI, f.csi.takeCalls())
-			diff(t, "API actions", tc.wantAPI, f.actions())
+			kubetest.Diff(t, "CSI calls", tc.wantCSI, f.csi.takeCalls())
+			kubetest.Diff(t, "API actions", tc.wantAPI, f.actions())
 			got := f.va("va1").Status
 			if len(got.AttachmentMetadata) == 0 {
 				got.AttachmentMetadata = nil
 			}
-			diff(t, "status", tc.wantAfter, got)
+			kubetest.Diff(t, "status", tc.wantAfter, got)
 			want := 0
 			if tc.wantQueue {
 				want = 1
@@ -156,7 +157,7 @@ func TestForcedSyncOfAChangedObjectIsNormal(t *testing.T) {
 	if err := f.c.syncVA(f.ctx, "va1"); err != nil {
 		t.Fatalf("syncVA: %v", err)
 	}
-	diff(t, "CSI calls", nil, f.csi.takeCalls())
+	kubetest.Diff(t, "CSI calls", nil, f.csi.takeCalls())
 }
 
 func itoa(n int) string { return strconv.Itoa(n) }
@@ -168,7 +169,7 @@ func TestForcedSyncSurvivesItsOwnFailure(t *testing.T) {
 	f := newFixture(t, allCaps,
 		vaObj("va1", "pv1", withRV("3"), withFinalizers(finalizer), withNodeIDAnnotation(testNodeID), attached(nil)),
 		pvObj("pv1", "pool.vol1", pvFinalizers(finalizer)))
-	withResourceVersions(f.client)
+	kubetest.Serve(f.client, kubetest.Options{})
 	f.c.state.setForce("va1", "3")
 	f.csi.publishErr = status.Error(codes.Unavailable, "restarting")
 	if err := f.c.syncVA(f.ctx, "va1"); status.Code(err) != codes.Unavailable {
@@ -178,7 +179,7 @@ func TestForcedSyncSurvivesItsOwnFailure(t *testing.T) {
 	if err := f.c.syncVA(f.ctx, "va1"); err != nil {
 		t.Fatalf("retry: %v", err)
 	}
-	diff(t, "CSI calls", map[string]int{"ControllerPublishVolume": 2}, countCalls(f.csi.takeCalls()))
+	kubetest.Diff(t, "CSI calls", map[string]int{"ControllerPublishVolume": 2}, countCalls(f.csi.takeCalls()))
 	if _, forced := f.c.state.forced("va1"); forced {
 		t.Error("the forced sync is still pending after it succeeded")
 	}

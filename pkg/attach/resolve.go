@@ -6,7 +6,6 @@ import (
 	"fmt"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
-	"github.com/kubernetes-csi/csi-lib-utils/accessmodes"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -75,7 +74,7 @@ func (c *Controller) resolve(ctx context.Context, va *storagev1.VolumeAttachment
 		if pv != nil && pv.DeletionTimestamp != nil {
 			return nil, permanent(fmt.Errorf("PersistentVolume %q is marked for deletion", pv.Name))
 		}
-		if t.capability, err = c.capability(spec, caps); err != nil {
+		if t.capability, err = kube.VolumeCapability(spec, caps.SingleNodeMultiWriter, c.cfg.DefaultFSType); err != nil {
 			return nil, permanent(err)
 		}
 	}
@@ -108,30 +107,6 @@ func (c *Controller) volumeSpec(ctx context.Context, va *storagev1.VolumeAttachm
 		return nil, nil, fmt.Errorf("get PersistentVolume %q: %w", name, err)
 	}
 	return &pv.Spec, pv, nil
-}
-
-// capability is the CSI volume capability of spec: block or mount (with the
-// fsType, else the default one, and the mount options), and the access mode
-// mapped as the upstream sidecars map it.
-func (c *Controller) capability(spec *corev1.PersistentVolumeSpec, caps csiclient.Capabilities) (*csi.VolumeCapability, error) {
-	mode, err := accessmodes.ToCSIAccessMode(spec.AccessModes, caps.SingleNodeMultiWriter)
-	if err != nil {
-		return nil, err
-	}
-	vc := &csi.VolumeCapability{AccessMode: &csi.VolumeCapability_AccessMode{Mode: mode}}
-	if spec.VolumeMode != nil && *spec.VolumeMode == corev1.PersistentVolumeBlock {
-		vc.AccessType = &csi.VolumeCapability_Block{Block: &csi.VolumeCapability_BlockVolume{}}
-		return vc, nil
-	}
-	fsType := spec.CSI.FSType
-	if fsType == "" {
-		fsType = c.cfg.DefaultFSType
-	}
-	vc.AccessType = &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{
-		FsType:     fsType,
-		MountFlags: spec.MountOptions,
-	}}
-	return vc, nil
 }
 
 // nodeID returns the CSI node ID of va's node. An attach asks the node's
@@ -183,19 +158,8 @@ func nodeIDFromCSINode(n *storagev1.CSINode, driver string) (string, bool) {
 	return "", false
 }
 
-// secrets reads the controllerPublishSecretRef Secret, when there is one.
-// Secrets are read when needed and never cached, watched or logged.
-func (c *Controller) secrets(ctx context.Context, ref *corev1.SecretReference) (map[string]string, error) {
-	if ref == nil {
-		return nil, nil
-	}
-	s, err := c.client.CoreV1().Secrets(ref.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
-	if err != nil {
-		return nil, fmt.Errorf("get the controllerPublishSecretRef Secret %s/%s: %w", ref.Namespace, ref.Name, err)
-	}
-	out := make(map[string]string, len(s.Data))
-	for k, v := range s.Data {
-		out[k] = string(v)
-	}
-	return out, nil
+// publishSecrets reads the controllerPublishSecretRef Secret, when there
+// is one (kube.ReadSecret: never cached, watched or logged).
+func (c *Controller) publishSecrets(ctx context.Context, ref *corev1.SecretReference) (map[string]string, error) {
+	return kube.ReadSecret(ctx, c.client, ref, "controllerPublishSecretRef")
 }

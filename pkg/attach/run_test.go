@@ -13,6 +13,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/klog/v2/ktesting"
+
+	"github.com/loopvol/loopvol/internal/kube"
+	"github.com/loopvol/loopvol/internal/kube/kubetest"
 )
 
 // TestRun runs the whole controller (informers, queues, workers) against a
@@ -21,10 +24,11 @@ import (
 func TestRun(t *testing.T) {
 	_, ctx := ktesting.NewTestContext(t)
 	client := fake.NewClientset(pvObj("pv1", "pool.vol1"), csiNodeObj(testNode, testNodeID))
-	withResourceVersions(client)
+	kubetest.Serve(client, kubetest.Options{})
 	drv := &fakeCSI{caps: allCaps}
+	informers := kube.NewInformers(client, 0)
 	c, err := New(Config{
-		DriverName: driver, Client: client, CSI: drv, Workers: 4,
+		DriverName: driver, Client: client, Informers: informers, CSI: drv, Workers: 4,
 		RetryIntervalStart: 10 * time.Millisecond, RetryIntervalMax: time.Second,
 		ReconcileSync: time.Hour, Registerer: prometheus.NewRegistry(),
 	})
@@ -33,6 +37,7 @@ func TestRun(t *testing.T) {
 	}
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
+	informers.Start(runCtx)
 	done := make(chan error, 1)
 	go func() { done <- c.Run(runCtx) }()
 
@@ -83,12 +88,12 @@ func TestRun(t *testing.T) {
 	case <-wctx.Done():
 		t.Fatal("Run did not return after its context ended")
 	}
-	diff(t, "CSI calls", map[string]int{"ControllerPublishVolume": 1, "ControllerUnpublishVolume": 1}, countCalls(drv.takeCalls()))
+	kubetest.Diff(t, "CSI calls", map[string]int{"ControllerPublishVolume": 1, "ControllerUnpublishVolume": 1}, countCalls(drv.takeCalls()))
 }
 
 func TestConfigValidate(t *testing.T) {
 	valid := Config{
-		DriverName: driver, Client: fake.NewClientset(), CSI: &fakeCSI{}, Workers: 1,
+		DriverName: driver, Client: fake.NewClientset(), Informers: kube.NewInformers(fake.NewClientset(), 0), CSI: &fakeCSI{}, Workers: 1,
 		RetryIntervalStart: time.Second, RetryIntervalMax: time.Minute,
 	}
 	tests := []struct {
@@ -101,7 +106,7 @@ func TestConfigValidate(t *testing.T) {
 		{name: "no client", modify: func(c *Config) { c.Client = nil }, want: "Kubernetes client"},
 		{name: "no CSI", modify: func(c *Config) { c.CSI = nil }, want: "CSI driver"},
 		{name: "no workers", modify: func(c *Config) { c.Workers = 0 }, want: "workers"},
-		{name: "negative resync", modify: func(c *Config) { c.Resync = -1 }, want: "resync"},
+		{name: "no informers", modify: func(c *Config) { c.Informers = nil }, want: "shared informers"},
 		{name: "no retry interval", modify: func(c *Config) { c.RetryIntervalStart = 0 }, want: "initial retry"},
 		{name: "max below start", modify: func(c *Config) { c.RetryIntervalMax = time.Millisecond }, want: "maximum retry"},
 		{name: "negative reconcile", modify: func(c *Config) { c.ReconcileSync = -time.Second }, want: "reconcile"},
@@ -127,10 +132,11 @@ func TestConfigValidate(t *testing.T) {
 func TestDriverBackRetriesAtOnce(t *testing.T) {
 	_, ctx := ktesting.NewTestContext(t)
 	client := fake.NewClientset(pvObj("pv1", "pool.vol1"), csiNodeObj(testNode, testNodeID))
-	withResourceVersions(client)
+	kubetest.Serve(client, kubetest.Options{})
 	drv := &fakeCSI{caps: allCaps, publishErr: status.Error(codes.Unavailable, "driver restarting")}
+	informers := kube.NewInformers(client, 0)
 	c, err := New(Config{
-		DriverName: driver, Client: client, CSI: drv, Workers: 1,
+		DriverName: driver, Client: client, Informers: informers, CSI: drv, Workers: 1,
 		RetryIntervalStart: time.Hour, RetryIntervalMax: time.Hour,
 		ReconcileSync: time.Hour, Registerer: prometheus.NewRegistry(),
 	})
@@ -138,6 +144,7 @@ func TestDriverBackRetriesAtOnce(t *testing.T) {
 		t.Fatalf("New: %v", err)
 	}
 	runCtx, stop := context.WithCancel(ctx)
+	informers.Start(runCtx)
 	done := make(chan error, 1)
 	go func() { done <- c.Run(runCtx) }()
 	defer func() { stop(); <-done }()

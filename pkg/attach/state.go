@@ -4,8 +4,9 @@ import (
 	"sync"
 	"time"
 
-	"k8s.io/apimachinery/pkg/util/resourceversion"
 	"k8s.io/utils/clock"
+
+	"github.com/loopvol/loopvol/internal/kube"
 )
 
 // operation is what a pending VolumeAttachment waits for.
@@ -125,8 +126,8 @@ func (p *pendingTracker) size() int {
 }
 
 // vaState is what the controller remembers per VolumeAttachment between
-// syncs: the resourceVersion and time of its own last write (to spot a stale
-// cache), a reconcile's request to sync again, and the per-call timeout of
+// syncs: its own writes (to spot a stale cache, and to know when it last
+// wrote), a reconcile's request to sync again, and the per-call timeout of
 // a volume whose last driver call timed out.
 //
 // Every entry belongs to an object that exists: the delete event drops the
@@ -135,55 +136,17 @@ func (p *pendingTracker) size() int {
 // object go) is dropped again at once by the caller (see
 // Controller.forgetIfGone), so no order of events leaves one behind.
 type vaState struct {
+	// written are the controller's own writes; only the last one of each
+	// object matters here.
+	written *kube.Writes[string]
+
 	mu      sync.Mutex
-	written map[string]write
 	force   map[string]string        // key → resourceVersion the reconcile judged
 	timeout map[string]time.Duration // key → timeout of its next driver call
 }
 
-type write struct {
-	resourceVersion string
-	at              time.Time
-}
-
 func newVAState() *vaState {
-	return &vaState{written: map[string]write{}, force: map[string]string{}, timeout: map[string]time.Duration{}}
-}
-
-func (s *vaState) recordWrite(key, rv string, at time.Time) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.written[key] = write{resourceVersion: rv, at: at}
-}
-
-// lastWrite returns when the controller last wrote key (zero if never).
-func (s *vaState) lastWrite(key string) time.Time {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.written[key].at
-}
-
-// writtenVersion returns the resourceVersion of the controller's last write
-// of key ("" if none).
-func (s *vaState) writtenVersion(key string) string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.written[key].resourceVersion
-}
-
-// staleCache reports whether rv, a cached resourceVersion of key, is older
-// than the controller's own last write of key: the cache has not seen that
-// write yet. Resource versions that do not compare (not integers) are
-// never called stale.
-func (s *vaState) staleCache(key, rv string) bool {
-	s.mu.Lock()
-	w, ok := s.written[key]
-	s.mu.Unlock()
-	if !ok {
-		return false
-	}
-	cmp, err := resourceversion.CompareResourceVersion(rv, w.resourceVersion)
-	return err == nil && cmp < 0
+	return &vaState{written: kube.NewWrites[string](1), force: map[string]string{}, timeout: map[string]time.Duration{}}
 }
 
 // setForce records that the reconcile found key (at resourceVersion rv)
@@ -233,16 +196,17 @@ func (s *vaState) setCallTimeout(key string, d, def time.Duration) {
 }
 
 func (s *vaState) drop(key string) {
+	s.written.Forget(key)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	delete(s.written, key)
 	delete(s.force, key)
 	delete(s.timeout, key)
 }
 
 // sizes returns how many VolumeAttachments each map holds.
 func (s *vaState) sizes() (written, force, timeout int) {
+	written = s.written.Len()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return len(s.written), len(s.force), len(s.timeout)
+	return written, len(s.force), len(s.timeout)
 }

@@ -41,7 +41,7 @@ func (c *Controller) syncVA(ctx context.Context, name string) error {
 
 	judged, force := c.state.forced(name)
 	fresh := false
-	if force || c.state.staleCache(name, va.ResourceVersion) {
+	if force || c.state.written.Stale(name, va.ResourceVersion) {
 		// Decide on the live object: the reconcile judged a copy that may
 		// have changed since, or the cache has not seen our last write yet.
 		live, err := c.client.StorageV1().VolumeAttachments().Get(ctx, name, metav1.GetOptions{})
@@ -55,7 +55,8 @@ func (c *Controller) syncVA(ctx context.Context, name string) error {
 		// A reconcile verdict holds for the version it judged, and after
 		// the controller's own writes since (a failed forced attempt
 		// writes attachError); a change by anyone else voids it.
-		force = force && (live.ResourceVersion == judged || live.ResourceVersion == c.state.writtenVersion(name))
+		own, _ := c.state.written.Last(name)
+		force = force && (live.ResourceVersion == judged || live.ResourceVersion == own)
 		va, fresh = live, true
 	}
 
@@ -117,7 +118,7 @@ func (c *Controller) attach(ctx context.Context, va *storagev1.VolumeAttachment,
 		}
 		va = live
 	}
-	secrets, err := c.secrets(ctx, t.secretRef)
+	secrets, err := c.publishSecrets(ctx, t.secretRef)
 	if err != nil {
 		return c.attachFailed(ctx, va, err)
 	}
@@ -196,7 +197,7 @@ func (c *Controller) detach(ctx context.Context, va *storagev1.VolumeAttachment,
 			}
 			va = live
 		}
-		secrets, err := c.secrets(ctx, t.secretRef)
+		secrets, err := c.publishSecrets(ctx, t.secretRef)
 		if err != nil {
 			return c.detachFailed(ctx, va, err)
 		}

@@ -10,6 +10,7 @@ import (
 	storagev1 "k8s.io/api/storage/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 
+	"github.com/loopvol/loopvol/internal/kube/kubetest"
 	"github.com/loopvol/loopvol/pkg/csiclient"
 )
 
@@ -123,7 +124,7 @@ func TestSyncVAAttach(t *testing.T) {
 			wantAPI: []apiAction{
 				patchPV("pv1", addPVFinalizer),
 				patchVAMeta("va1", addVAMetadata),
-				{Verb: "get", Resource: "secrets", Name: "creds"},
+				{Verb: "get", Resource: "secrets", Namespace: "ns1", Name: "creds"},
 				patchVAStatus("va1", markAttached),
 			},
 			wantCSI:    publish(csiCall{Secrets: map[string]string{"password": "s3cret"}}),
@@ -139,7 +140,7 @@ func TestSyncVAAttach(t *testing.T) {
 			wantAPI: []apiAction{
 				patchPV("pv1", addPVFinalizer),
 				patchVAMeta("va1", addVAMetadata),
-				{Verb: "get", Resource: "secrets", Name: "creds"},
+				{Verb: "get", Resource: "secrets", Namespace: "ns1", Name: "creds"},
 				patchVAStatus("va1", `{"status":{"attachError":{"message":"get the controllerPublishSecretRef Secret ns1/creds: secrets \"creds\" not found","time":"`+timeJSON+`"}}}`),
 			},
 			wantEvents: []string{`Warning AttachFailed get the controllerPublishSecretRef Secret ns1/creds: secrets "creds" not found`},
@@ -351,9 +352,9 @@ func TestSyncVAAttach(t *testing.T) {
 			if tc.publishErr != nil && !errors.Is(err, tc.publishErr) && status.Code(err) != status.Code(tc.publishErr) {
 				t.Errorf("syncVA error = %v, want the driver's %v", err, tc.publishErr)
 			}
-			diff(t, "API actions", tc.wantAPI, f.actions())
-			diff(t, "CSI calls", tc.wantCSI, f.csi.takeCalls())
-			diff(t, "Events", tc.wantEvents, f.events())
+			kubetest.Diff(t, "API actions", tc.wantAPI, f.actions())
+			kubetest.Diff(t, "CSI calls", tc.wantCSI, f.csi.takeCalls())
+			kubetest.Diff(t, "Events", tc.wantEvents, f.events())
 			got := f.va("va1").Status
 			if got.AttachError != nil {
 				got.AttachError.Time = tc.wantStatus.AttachError.Time // checked in the patch
@@ -361,7 +362,7 @@ func TestSyncVAAttach(t *testing.T) {
 			if len(got.AttachmentMetadata) == 0 {
 				got.AttachmentMetadata = nil
 			}
-			diff(t, "status", tc.wantStatus, got)
+			kubetest.Diff(t, "status", tc.wantStatus, got)
 		})
 	}
 }
