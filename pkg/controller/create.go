@@ -84,7 +84,7 @@ func (s *Server) createVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 	}
 	// The pool re-checks the space under its pool lock, with the
 	// allocation: another process may have taken it since choosePool.
-	v, err := p.CreateVolume(pool.VolumeSpec{
+	v, err := p.CreateVolume(ctx, pool.VolumeSpec{
 		Name:        req.GetName(),
 		SizeBytes:   size,
 		AccessType:  shape.accessType,

@@ -31,7 +31,7 @@ func (s *Server) controllerExpandVolume(ctx context.Context, req *csi.Controller
 			return outOfRange("volume %s is %d bytes, above limit_bytes %d; volumes never shrink", v.ID, v.SizeBytes, limit)
 		}
 		if want > v.SizeBytes {
-			if err := p.ExpandVolume(v, want); err != nil {
+			if err := p.ExpandVolume(ctx, v, want); err != nil {
 				return err
 			}
 			klog.FromContext(ctx).V(2).Info("Expanded volume", "sizeBytes", v.SizeBytes)

@@ -218,7 +218,7 @@ func (s *Server) cloneMembers(ctx context.Context, p *pool.Pool, gid pool.GroupI
 		}
 	}
 	for _, m := range order {
-		if _, err := p.CreateGroupMember(gid, pool.MemberName(name, m.id.String()), m.v, nil); err != nil {
+		if _, err := p.CreateGroupMember(ctx, gid, pool.MemberName(name, m.id.String()), m.v, nil); err != nil {
 			return err
 		}
 	}

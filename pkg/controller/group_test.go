@@ -205,7 +205,7 @@ func TestGroupSnapshotCrash(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := p.CreateGroupMember(gid, pool.MemberName(name, vols[0]), v, nil); err != nil {
+		if _, err := p.CreateGroupMember(t.Context(), gid, pool.MemberName(name, vols[0]), v, nil); err != nil {
 			t.Fatal(err)
 		}
 		return gid, first

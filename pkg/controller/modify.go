@@ -155,7 +155,7 @@ func (s *Server) controllerModifyVolume(ctx context.Context, req *csi.Controller
 		}
 		if thin != nil {
 			was := v.Thin
-			if err := p.SetLayout(v, *thin, params); err != nil {
+			if err := p.SetLayout(ctx, v, *thin, params); err != nil {
 				return err
 			}
 			if was != v.Thin {
@@ -173,7 +173,7 @@ func (s *Server) controllerModifyVolume(ctx context.Context, req *csi.Controller
 			}
 		}
 		logger.V(2).Info("Moving volume", "volumeID", v.ID, "from", p.Name, "to", to.Name, "sizeBytes", v.SizeBytes)
-		if _, err := home.MoveVolume(id, to, s.peer, pool.MoveOptions{Progress: progress, AfterStep: s.afterMoveStep}); err != nil {
+		if _, err := home.MoveVolume(ctx, id, to, s.peer, pool.MoveOptions{Progress: progress, AfterStep: s.afterMoveStep}); err != nil {
 			return err
 		}
 		logger.V(2).Info("Moved volume", "volumeID", v.ID, "from", p.Name, "to", to.Name)

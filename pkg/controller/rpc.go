@@ -12,9 +12,10 @@ import (
 // into a status here and nowhere else.
 //
 // Lock order, for every RPC that takes more than one lock (each lock is
-// only tried, never waited for, except the node lock, which waits at most
-// pool.NodeLockWait under a context, so no order can deadlock; the order
-// keeps ABORTED answers rare and predictable):
+// only tried, never waited for, except the node lock and the pool lock,
+// which wait under the RPC's context for 30 s at most (pool.NodeLockWait),
+// so no order can deadlock; the order keeps ABORTED answers rare and
+// predictable):
 //
 //  1. the in-process name lock (s.names for volumes, s.snapNames for
 //     snapshots, s.groupNames for group snapshots), which keeps two calls
@@ -27,7 +28,8 @@ import (
 //     pool's, wherever it lives; a move then takes the volume's lock
 //     files in the pools it moves from and to (pool.MoveVolume);
 //  4. the node lock (pool.LockNode) of each pool in pool-name order;
-//  5. the pool lock around a capacity decision (inside pkg/pool).
+//  5. the pool lock around a capacity decision (inside pkg/pool, under
+//     the ctx each pool call takes).
 
 func answer[R any](r *R, err error) (*R, error) {
 	if err != nil {

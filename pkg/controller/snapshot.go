@@ -128,7 +128,7 @@ func (s *Server) createSnapshot(ctx context.Context, req *csi.CreateSnapshotRequ
 			}
 		}
 		var err error
-		snap, err = p.CreateSnapshot(req.GetName(), v, progress)
+		snap, err = p.CreateSnapshot(ctx, req.GetName(), v, progress)
 		if err == nil {
 			logger.V(2).Info("Created snapshot", "snapshotID", snap.ID, "sourceVolumeID", v.ID, "method", snap.Method)
 		}

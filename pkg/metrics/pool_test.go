@@ -79,7 +79,7 @@ loopvol_pool_orphan_images{pool="b",zone="z-b"} 0
 	names := []string{"loopvol_pool_orphan_images", "loopvol_pool_orphan_bytes"}
 	var hashes []string
 	for i, size := range []int64{1 << 20, 3 << 20} {
-		v, err := pools[0].CreateVolume(pool.VolumeSpec{Name: fmt.Sprintf("v-%d", i), SizeBytes: size, AccessType: pool.AccessBlock, AccessModes: []string{"SINGLE_NODE_WRITER"}})
+		v, err := pools[0].CreateVolume(t.Context(), pool.VolumeSpec{Name: fmt.Sprintf("v-%d", i), SizeBytes: size, AccessType: pool.AccessBlock, AccessModes: []string{"SINGLE_NODE_WRITER"}})
 		if err != nil {
 			t.Fatal(err)
 		}

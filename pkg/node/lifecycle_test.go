@@ -277,7 +277,7 @@ func TestExpand(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := f.pool.ExpandVolume(v, 32*mib); err != nil {
+	if err := f.pool.ExpandVolume(f.ctx, v, 32*mib); err != nil {
 		t.Fatal(err)
 	}
 	_, err = f.srv.NodeExpandVolume(f.ctx, &csi.NodeExpandVolumeRequest{VolumeId: id.String(), VolumePath: publish.TargetPath,

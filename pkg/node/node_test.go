@@ -89,7 +89,7 @@ func (f *fixture) volume(name, accessType, fsType string, attachments ...pool.At
 		f.t.Fatal(err)
 	}
 	defer unlock()
-	v, err := f.pool.CreateVolume(pool.VolumeSpec{Name: name, SizeBytes: 16 * mib, AccessType: accessType, FsType: fsType})
+	v, err := f.pool.CreateVolume(f.ctx, pool.VolumeSpec{Name: name, SizeBytes: 16 * mib, AccessType: accessType, FsType: fsType})
 	if err != nil {
 		f.t.Fatal(err)
 	}

@@ -118,7 +118,7 @@ func (f *realFixture) volumeOfSpec(spec pool.VolumeSpec, att pool.Attachment) po
 		f.t.Fatal(err)
 	}
 	defer unlock()
-	v, err := f.pool.CreateVolume(spec)
+	v, err := f.pool.CreateVolume(f.ctx, spec)
 	if err != nil {
 		f.t.Fatal(err)
 	}
@@ -141,7 +141,7 @@ func (f *realFixture) grow(id pool.VolumeID, size int64) {
 	if err != nil {
 		f.t.Fatal(err)
 	}
-	if err := f.pool.ExpandVolume(v, size); err != nil {
+	if err := f.pool.ExpandVolume(f.ctx, v, size); err != nil {
 		f.t.Fatal(err)
 	}
 }

@@ -31,7 +31,7 @@ func TestRealStageGrowsRestoredVolume(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			v, err := f.pool.CreateVolume(pool.VolumeSpec{Name: name, SizeBytes: large, AccessType: pool.AccessMount, FsType: fsType,
+			v, err := f.pool.CreateVolume(t.Context(), pool.VolumeSpec{Name: name, SizeBytes: large, AccessType: pool.AccessMount, FsType: fsType,
 				Source: &pool.Source{ID: src.String(), SizeBytes: small}})
 			if err != nil {
 				t.Fatal(err)

@@ -19,8 +19,10 @@
 // node plugins on NFS): a volume lock (in-process mutex plus flock) guards
 // each volume's record and image, a pool lock makes each capacity check
 // and the allocation it allows one step, and a node lock makes counting a
-// node's attachments and adding one a single step (lock.go). Sweep removes what killed
-// processes left (sweep.go).
+// node's attachments and adding one a single step (lock.go). The pool and
+// node locks wait, but never past the context their caller passes (the
+// RPC's deadline) nor past 30 s; then they answer ErrBusy. Sweep removes
+// what killed processes left (sweep.go).
 //
 // Snapshots (snapshot.go) are read-only images beside the volumes', with a
 // record of their own (snap-<hash>.json, written first as not ready); their

@@ -1,6 +1,7 @@
 package pool
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -156,11 +157,11 @@ func (p *Pool) DeleteGroup(g *Group) error {
 // CreateGroupMember is CreateSnapshot of one member of group g: the
 // snapshot's record names the group. The caller holds what CreateSnapshot
 // asks for, and LockGroup.
-func (p *Pool) CreateGroupMember(g GroupID, name string, src *Volume, progress Progress) (*Snapshot, error) {
+func (p *Pool) CreateGroupMember(ctx context.Context, g GroupID, name string, src *Volume, progress Progress) (*Snapshot, error) {
 	if err := p.ownGroup(g); err != nil {
 		return nil, err
 	}
-	return p.createSnapshot(name, g.String(), src, progress)
+	return p.createSnapshot(ctx, name, g.String(), src, progress)
 }
 
 // ListGroupIDs returns the IDs of the group snapshots that have a record,

@@ -1,6 +1,7 @@
 package pool
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"maps"
@@ -27,8 +28,9 @@ import (
 // unwritten ranges first and punches them afterwards, and a write that lands
 // in between would be lost. So a volume attached anywhere is refused
 // (ErrInUse) and nothing changes: the caller retries once it is detached. Blocks a reflinked
-// image shares with a snapshot stay shared either way.
-func (p *Pool) SetLayout(v *Volume, thin bool, params map[string]string) error {
+// image shares with a snapshot stay shared either way. Thickening waits
+// for the pool lock only while ctx lasts (ErrBusy after).
+func (p *Pool) SetLayout(ctx context.Context, v *Volume, thin bool, params map[string]string) error {
 	id, err := ParseVolumeID(v.ID)
 	if err != nil {
 		return err
@@ -60,7 +62,7 @@ func (p *Pool) SetLayout(v *Volume, thin bool, params map[string]string) error {
 	if thin {
 		err = punchHoles(f, v.SizeBytes)
 	} else {
-		err = p.thicken(f, v.SizeBytes)
+		err = p.thicken(ctx, f, v.SizeBytes)
 	}
 	if err == nil {
 		err = f.Sync()
@@ -76,8 +78,8 @@ func (p *Pool) SetLayout(v *Volume, thin bool, params map[string]string) error {
 // those bytes as promised (Usage), so no new space is taken from
 // AvailableBytes; the pool lock keeps the allocation apart from another
 // capacity decision all the same.
-func (p *Pool) thicken(f *os.File, size int64) error {
-	unlock, err := p.lockCapacity()
+func (p *Pool) thicken(ctx context.Context, f *os.File, size int64) error {
+	unlock, err := p.lockCapacity(ctx)
 	if err != nil {
 		return err
 	}

@@ -22,7 +22,7 @@ func allocated(t *testing.T, p *Pool, id VolumeID) int64 {
 func TestSetLayout(t *testing.T) {
 	p := newTestPool(t)
 	const size = 64 << 20
-	v, err := p.CreateVolume(spec("pvc-layout", size))
+	v, err := p.CreateVolume(t.Context(), spec("pvc-layout", size))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -39,7 +39,7 @@ func TestSetLayout(t *testing.T) {
 
 	// Thick → thin: the unwritten blocks are freed, the data stays, and
 	// the freed bytes are still promised to the volume.
-	if err := p.SetLayout(v, true, map[string]string{"preallocate": "false"}); err != nil {
+	if err := p.SetLayout(t.Context(), v, true, map[string]string{"preallocate": "false"}); err != nil {
 		t.Fatal(err)
 	}
 	if got := allocated(t, p, id); got > 2<<20 {
@@ -66,7 +66,7 @@ func TestSetLayout(t *testing.T) {
 	}
 	gen := got.Generation
 	// The same layout again writes nothing.
-	if err := p.SetLayout(got, true, map[string]string{"preallocate": "false"}); err != nil || got.Generation != gen {
+	if err := p.SetLayout(t.Context(), got, true, map[string]string{"preallocate": "false"}); err != nil || got.Generation != gen {
 		t.Fatalf("repeated SetLayout: %v, generation %d → %d", err, gen, got.Generation)
 	}
 
@@ -75,7 +75,7 @@ func TestSetLayout(t *testing.T) {
 	if err := p.WriteVolume(got); err != nil {
 		t.Fatal(err)
 	}
-	if err := p.SetLayout(got, false, map[string]string{"preallocate": "true"}); err != nil {
+	if err := p.SetLayout(t.Context(), got, false, map[string]string{"preallocate": "true"}); err != nil {
 		t.Fatal(err)
 	}
 	if a := allocated(t, p, id); a < size {
@@ -86,7 +86,7 @@ func TestSetLayout(t *testing.T) {
 	}
 	// Thinning an attached volume is refused, and nothing changes.
 	gen = got.Generation
-	if err := p.SetLayout(got, true, nil); !errors.Is(err, ErrInUse) {
+	if err := p.SetLayout(t.Context(), got, true, nil); !errors.Is(err, ErrInUse) {
 		t.Fatalf("thinning an attached volume = %v, want ErrInUse", err)
 	}
 	if got.Generation != gen || allocated(t, p, id) < size {
@@ -98,7 +98,7 @@ func TestSetLayout(t *testing.T) {
 func TestSetLayoutFinishesAfterCrash(t *testing.T) {
 	p := newTestPool(t)
 	const size = 16 << 20
-	v, err := p.CreateVolume(spec("pvc-crash", size))
+	v, err := p.CreateVolume(t.Context(), spec("pvc-crash", size))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -112,7 +112,7 @@ func TestSetLayoutFinishesAfterCrash(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := p.SetLayout(v, true, map[string]string{"preallocate": "false"}); err != nil {
+	if err := p.SetLayout(t.Context(), v, true, map[string]string{"preallocate": "false"}); err != nil {
 		t.Fatal(err)
 	}
 	v, err = p.ReadVolume(id)
@@ -128,7 +128,7 @@ func TestSetLayoutFinishesAfterCrash(t *testing.T) {
 	if err := p.WriteVolume(v); err != nil {
 		t.Fatal(err)
 	}
-	if err := p.SetLayout(v, false, map[string]string{"preallocate": "true"}); err != nil {
+	if err := p.SetLayout(t.Context(), v, false, map[string]string{"preallocate": "true"}); err != nil {
 		t.Fatal(err)
 	}
 	if v.Thin || v.Modifying != nil || allocated(t, p, id) < size {
@@ -140,7 +140,7 @@ func TestCreateThinVolume(t *testing.T) {
 	p := newTestPool(t)
 	s := spec("pvc-thin", 32<<20)
 	s.Thin = true
-	v, err := p.CreateVolume(s)
+	v, err := p.CreateVolume(t.Context(), s)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -160,7 +160,7 @@ func TestCreateThinVolume(t *testing.T) {
 		c := spec("pvc-thin-clone-"+map[bool]string{true: "thin", false: "thick"}[thin], 48<<20)
 		c.Thin = thin
 		c.Source = &Source{ID: v.ID, SizeBytes: v.SizeBytes}
-		cv, err := p.CreateVolume(c)
+		cv, err := p.CreateVolume(t.Context(), c)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -143,19 +143,22 @@ const capacityWait = 30 * time.Second
 // its allocation run while no other one of any process on this pool runs, so
 // parallel creates of different names cannot each see the same free bytes
 // and together overrun the reserve. Unlike the volume lock it waits (creates
-// of different names should all succeed), but only for capacityWait.
-func (p *Pool) lockCapacity() (Unlock, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), capacityWait)
+// of different names should all succeed), until ctx ends or for capacityWait
+// at most; then it answers ErrBusy. ctx is the RPC's: a caller that has
+// given up (its deadline passed, kubelet or the sidecar cancelled) stops
+// waiting with it instead of holding the volume lock 30 s more for nobody.
+func (p *Pool) lockCapacity(ctx context.Context) (Unlock, error) {
+	ctx, cancel := context.WithTimeout(ctx, capacityWait)
 	defer cancel()
 	select {
 	case p.capacity <- struct{}{}:
 	case <-ctx.Done():
-		return nil, fmt.Errorf("pool %s: another allocation in this process took longer than %s: %w", p.Name, capacityWait, ErrBusy)
+		return nil, fmt.Errorf("pool %s: another allocation in this process held the pool lock too long (%v): %w", p.Name, context.Cause(ctx), ErrBusy)
 	}
 	release := func() { <-p.capacity }
 	f, err := p.waitFlock(ctx.Done(), p.root, poolLockFile)
 	if errors.Is(err, ErrBusy) {
-		err = fmt.Errorf("another process has held the pool lock for %s: %w", capacityWait, err)
+		err = fmt.Errorf("another process held the pool lock too long (%v): %w", context.Cause(ctx), err)
 	}
 	if err != nil {
 		release()

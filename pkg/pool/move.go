@@ -1,6 +1,7 @@
 package pool
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -222,8 +223,10 @@ func (p *Pool) Resident(id VolumeID, peers Peers) *Pool {
 // p. A move that a crash interrupted is finished first (FinishMove); a
 // volume in to already is left as it is. A volume attached anywhere is
 // refused (ErrInUse): the copy must see every write. A target without the
-// space is refused with ErrNoSpace before anything changes.
-func (p *Pool) MoveVolume(id VolumeID, to *Pool, peers Peers, opts MoveOptions) (*Volume, error) {
+// space is refused with ErrNoSpace before anything changes. ctx bounds the
+// wait for the target's pool lock before the copy (ErrBusy); the copy, once
+// begun, runs to its end.
+func (p *Pool) MoveVolume(ctx context.Context, id VolumeID, to *Pool, peers Peers, opts MoveOptions) (*Volume, error) {
 	if _, err := p.FinishMove(id, peers); err != nil {
 		return nil, err
 	}
@@ -274,7 +277,7 @@ func (p *Pool) MoveVolume(id VolumeID, to *Pool, peers Peers, opts MoveOptions) 
 	if err := opts.after(StepIntent); err != nil {
 		return nil, err
 	}
-	if err := to.copyIn(id, from, v, opts.Progress); err != nil {
+	if err := to.copyIn(ctx, id, from, v, opts.Progress); err != nil {
 		// A copy that failed (ENOSPC, EIO) is rolled back at once: the
 		// volume never left from.
 		if rerr := p.rollBack(hv, id, to); rerr != nil {
@@ -364,7 +367,7 @@ func lockEnds(p *Pool, id VolumeID, from, to *Pool) (Unlock, error) {
 // temporary .<hash>.img.moving, fsync'd and durable in the directory. The
 // space check and reservation are those of a clone (fill), under this
 // pool's lock.
-func (to *Pool) copyIn(id VolumeID, from *Pool, v *Volume, progress Progress) error {
+func (to *Pool) copyIn(ctx context.Context, id VolumeID, from *Pool, v *Volume, progress Progress) error {
 	in, _, err := from.vols.open(imageName(id), unix.O_RDONLY)
 	if errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("volume %s: its image in pool %s is missing: %w", id, from.Name, ErrCorrupt)
@@ -383,7 +386,7 @@ func (to *Pool) copyIn(id VolumeID, from *Pool, v *Volume, progress Progress) er
 	}
 	out := os.NewFile(uintptr(fd), to.vols.path+"/"+tmp)
 	defer out.Close()
-	_, err = to.fill(out, in, v.SizeBytes, v.SizeBytes, v.Thin, progress)
+	_, err = to.fill(ctx, out, in, v.SizeBytes, v.SizeBytes, v.Thin, progress)
 	if err == nil {
 		err = out.Sync()
 	}

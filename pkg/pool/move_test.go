@@ -41,7 +41,7 @@ func newMovedVolume(t *testing.T, home *Pool, name string, thin bool) VolumeID {
 	t.Helper()
 	sp := spec(name, 8<<20)
 	sp.Thin = thin
-	v, err := home.CreateVolume(sp)
+	v, err := home.CreateVolume(t.Context(), sp)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,7 +111,7 @@ func moveLocked(t *testing.T, home *Pool, id VolumeID, to *Pool, peers Peers, op
 		t.Fatal(err)
 	}
 	defer unlock()
-	return home.MoveVolume(id, to, peers, opts)
+	return home.MoveVolume(t.Context(), id, to, peers, opts)
 }
 
 func TestMoveVolume(t *testing.T) {
@@ -375,7 +375,7 @@ func TestMoveAcrossFilesystems(t *testing.T) {
 	}
 	checkVolumeIn(t, pools, peers, id, "a")
 
-	big, err := a.CreateVolume(spec("pvc-too-big", 512<<20))
+	big, err := a.CreateVolume(t.Context(), spec("pvc-too-big", 512<<20))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -38,7 +38,7 @@ func TestOpenRefusesAnotherPoolsDirectory(t *testing.T) {
 
 func TestCreateReadDelete(t *testing.T) {
 	p := newTestPool(t)
-	v, err := p.CreateVolume(spec("pvc-1", 1<<20))
+	v, err := p.CreateVolume(t.Context(), spec("pvc-1", 1<<20))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,7 +75,7 @@ func TestCreateAfterCrashReplacesHalfMadeImage(t *testing.T) {
 	if err := os.WriteFile(p.ImagePath(id), []byte("partial"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	v, err := p.CreateVolume(spec("pvc-crash", 2<<20))
+	v, err := p.CreateVolume(t.Context(), spec("pvc-crash", 2<<20))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -89,7 +89,7 @@ func TestCreateAfterCrashReplacesHalfMadeImage(t *testing.T) {
 
 func TestCorruptRecordIsReportedNotPanicked(t *testing.T) {
 	p := newTestPool(t)
-	v, err := p.CreateVolume(spec("pvc-2", 1<<20))
+	v, err := p.CreateVolume(t.Context(), spec("pvc-2", 1<<20))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -166,18 +166,18 @@ func TestCapacityAccounting(t *testing.T) {
 	if avail, _ := p.Available(); avail != 0 {
 		t.Fatalf("available with everything reserved = %d", avail)
 	}
-	if _, err := p.CreateVolume(spec("too-big", 1<<20)); !errors.Is(err, ErrNoSpace) {
+	if _, err := p.CreateVolume(t.Context(), spec("too-big", 1<<20)); !errors.Is(err, ErrNoSpace) {
 		t.Fatalf("create in a full pool = %v, want ErrNoSpace", err)
 	}
 }
 
 func TestExpandVolume(t *testing.T) {
 	p := newTestPool(t)
-	v, err := p.CreateVolume(spec("grow", 1<<20))
+	v, err := p.CreateVolume(t.Context(), spec("grow", 1<<20))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := p.ExpandVolume(v, 3<<20); err != nil {
+	if err := p.ExpandVolume(t.Context(), v, 3<<20); err != nil {
 		t.Fatal(err)
 	}
 	id, _ := ParseVolumeID(v.ID)
@@ -188,7 +188,7 @@ func TestExpandVolume(t *testing.T) {
 	if size, _ := p.ImageSize(id); size != 3<<20 {
 		t.Fatalf("image size %d", size)
 	}
-	if err := p.ExpandVolume(got, 1<<20); err != nil {
+	if err := p.ExpandVolume(t.Context(), got, 1<<20); err != nil {
 		t.Fatalf("shrink request should be a no-op: %v", err)
 	}
 }

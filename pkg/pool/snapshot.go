@@ -1,6 +1,7 @@
 package pool
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -139,12 +140,13 @@ func (p *Pool) writeSnapshot(s *Snapshot) error {
 // The image is a reflink of the source's where the filesystem can
 // (instant, no space until the volume is written); elsewhere the source's
 // data ranges are reserved under the pool lock, after a space check, and
-// copied with their holes kept. progress hears of the copy.
-func (p *Pool) CreateSnapshot(name string, src *Volume, progress Progress) (*Snapshot, error) {
-	return p.createSnapshot(name, "", src, progress)
+// copied with their holes kept; the pool lock is waited for only while ctx
+// lasts (ErrBusy after). progress hears of the copy.
+func (p *Pool) CreateSnapshot(ctx context.Context, name string, src *Volume, progress Progress) (*Snapshot, error) {
+	return p.createSnapshot(ctx, name, "", src, progress)
 }
 
-func (p *Pool) createSnapshot(name, group string, src *Volume, progress Progress) (*Snapshot, error) {
+func (p *Pool) createSnapshot(ctx context.Context, name, group string, src *Volume, progress Progress) (*Snapshot, error) {
 	id := DeriveSnapshotID(p.Name, name)
 	srcID, err := ParseVolumeID(src.ID)
 	if err != nil {
@@ -174,7 +176,7 @@ func (p *Pool) createSnapshot(name, group string, src *Volume, progress Progress
 	if err := p.writeSnapshot(s); err != nil {
 		return nil, err
 	}
-	method, err := p.copyImage(stem, srcID.Hash, src.SizeBytes, 0, false, progress)
+	method, err := p.copyImage(ctx, stem, srcID.Hash, src.SizeBytes, 0, false, progress)
 	if err == nil {
 		s.ReadyToUse, s.Method = true, method
 		err = p.writeSnapshot(s)
@@ -193,7 +195,7 @@ func (p *Pool) createSnapshot(name, group string, src *Volume, progress Progress
 // read-only, sparse, owning only the source's data blocks. size > 0 makes a
 // volume of that size: unless thin, the rest is allocated as for a new
 // volume, so it keeps its promise.
-func (p *Pool) copyImage(dst, src string, srcSize, size int64, thin bool, progress Progress) (string, error) {
+func (p *Pool) copyImage(ctx context.Context, dst, src string, srcSize, size int64, thin bool, progress Progress) (string, error) {
 	in, _, err := p.vols.open(src+imageSuffix, unix.O_RDONLY)
 	if errors.Is(err, fs.ErrNotExist) {
 		return "", fmt.Errorf("image %s is missing: %w", src+imageSuffix, ErrCorrupt)
@@ -212,7 +214,7 @@ func (p *Pool) copyImage(dst, src string, srcSize, size int64, thin bool, progre
 	}
 	out := os.NewFile(uintptr(fd), p.vols.path+"/"+dst+imageSuffix)
 	defer out.Close()
-	method, err := p.fill(out, in, srcSize, size, thin, progress)
+	method, err := p.fill(ctx, out, in, srcSize, size, thin, progress)
 	if err == nil {
 		err = out.Sync()
 	}
@@ -226,8 +228,8 @@ func (p *Pool) copyImage(dst, src string, srcSize, size int64, thin bool, progre
 // fill makes out a copy of in (see copyImage). The space check and the
 // reservation run under the pool lock; the copy itself after it, into
 // blocks already reserved.
-func (p *Pool) fill(out, in *os.File, srcSize, size int64, thin bool, progress Progress) (string, error) {
-	unlock, err := p.lockCapacity()
+func (p *Pool) fill(ctx context.Context, out, in *os.File, srcSize, size int64, thin bool, progress Progress) (string, error) {
+	unlock, err := p.lockCapacity(ctx)
 	if err != nil {
 		return "", err
 	}

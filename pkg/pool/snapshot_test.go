@@ -37,7 +37,7 @@ func readAt(t *testing.T, path string, off int64, n int) []byte {
 
 func TestSnapshotAndRestore(t *testing.T) {
 	p := newTestPool(t)
-	v, err := p.CreateVolume(spec("vol", 64<<20))
+	v, err := p.CreateVolume(t.Context(), spec("vol", 64<<20))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -45,7 +45,7 @@ func TestSnapshotAndRestore(t *testing.T) {
 	data := bytes.Repeat([]byte("loopvol!"), 512)
 	writeAt(t, p, vid, 10<<20, data)
 
-	s, err := p.CreateSnapshot("snap", v, nil)
+	s, err := p.CreateSnapshot(t.Context(), "snap", v, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,14 +71,14 @@ func TestSnapshotAndRestore(t *testing.T) {
 		t.Fatal("the snapshot changed with its volume")
 	}
 	// Idempotent; another source is ErrExists.
-	if again, err := p.CreateSnapshot("snap", v, nil); err != nil || again.ID != s.ID {
+	if again, err := p.CreateSnapshot(t.Context(), "snap", v, nil); err != nil || again.ID != s.ID {
 		t.Fatalf("second CreateSnapshot = %v, %v", again, err)
 	}
-	other, err := p.CreateVolume(spec("other", 16<<20))
+	other, err := p.CreateVolume(t.Context(), spec("other", 16<<20))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := p.CreateSnapshot("snap", other, nil); !errors.Is(err, ErrExists) {
+	if _, err := p.CreateSnapshot(t.Context(), "snap", other, nil); !errors.Is(err, ErrExists) {
 		t.Fatalf("snapshot of another volume with the same name: %v, want ErrExists", err)
 	}
 	// A snapshot promises nothing: its holes will never be written.
@@ -90,7 +90,7 @@ func TestSnapshotAndRestore(t *testing.T) {
 		t.Fatalf("%d orphan images", u.OrphanImages)
 	}
 	// Restore, larger: the data is there, the volume is the new size.
-	r, err := p.CreateVolume(VolumeSpec{Name: "restored", SizeBytes: 128 << 20, AccessType: AccessMount, FsType: "ext4",
+	r, err := p.CreateVolume(t.Context(), VolumeSpec{Name: "restored", SizeBytes: 128 << 20, AccessType: AccessMount, FsType: "ext4",
 		AccessModes: []string{"SINGLE_NODE_WRITER"}, Source: &Source{ID: s.ID, SizeBytes: s.SizeBytes}})
 	if err != nil {
 		t.Fatal(err)
@@ -131,7 +131,7 @@ func TestSnapshotAndRestore(t *testing.T) {
 // partial image: the retry under the lock makes it whole.
 func TestSnapshotCrashRecovery(t *testing.T) {
 	p := newTestPool(t)
-	v, err := p.CreateVolume(spec("vol", 16<<20))
+	v, err := p.CreateVolume(t.Context(), spec("vol", 16<<20))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -153,7 +153,7 @@ func TestSnapshotCrashRecovery(t *testing.T) {
 	if _, err := p.LockSnapshot(sid); !errors.Is(err, ErrBusy) {
 		t.Fatalf("second LockSnapshot = %v, want ErrBusy", err)
 	}
-	s, err := p.CreateSnapshot("snap", v, nil)
+	s, err := p.CreateSnapshot(t.Context(), "snap", v, nil)
 	unlock()
 	if err != nil {
 		t.Fatal(err)
@@ -185,11 +185,11 @@ func TestParseSnapshotID(t *testing.T) {
 // grace, never one that is whole, young or locked.
 func TestSweepUnfinishedSnapshot(t *testing.T) {
 	p := newTestPool(t)
-	v, err := p.CreateVolume(spec("vol", 16<<20))
+	v, err := p.CreateVolume(t.Context(), spec("vol", 16<<20))
 	if err != nil {
 		t.Fatal(err)
 	}
-	whole, err := p.CreateSnapshot("whole", v, nil)
+	whole, err := p.CreateSnapshot(t.Context(), "whole", v, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

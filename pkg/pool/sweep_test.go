@@ -16,7 +16,7 @@ func TestSweep(t *testing.T) {
 	p := newTestPool(t)
 	now := time.Now()
 	old := now.Add(-time.Hour)
-	kept, err := p.CreateVolume(spec("kept", 1<<20))
+	kept, err := p.CreateVolume(t.Context(), spec("kept", 1<<20))
 	must(t, err)
 	keptID := mustParse(t, kept.ID)
 
@@ -49,7 +49,7 @@ func TestSweep(t *testing.T) {
 	// recent one, one that holds data (its record was lost), and one a
 	// CreateVolume is working on right now.
 	orphan := func(name string, mtime time.Time, data bool) VolumeID {
-		v, err := p.CreateVolume(spec(name, 1<<20))
+		v, err := p.CreateVolume(t.Context(), spec(name, 1<<20))
 		must(t, err)
 		id := mustParse(t, v.ID)
 		must(t, os.Remove(volPath(p, recordName(id))))

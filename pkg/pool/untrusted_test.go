@@ -60,7 +60,7 @@ func TestUntrustedRecords(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			p := newTestPool(t)
-			good, err := p.CreateVolume(spec("good", 1<<20))
+			good, err := p.CreateVolume(t.Context(), spec("good", 1<<20))
 			must(t, err)
 			id := DeriveVolumeID(p.Name, "bad")
 			tc.plant(t, volPath(p, recordName(id)))
@@ -113,7 +113,7 @@ func TestUntrustedImages(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			p := newTestPool(t)
-			v, err := p.CreateVolume(spec("v", 1<<20))
+			v, err := p.CreateVolume(t.Context(), spec("v", 1<<20))
 			must(t, err)
 			id := mustParse(t, v.ID)
 			must(t, os.Remove(volPath(p, imageName(id))))
@@ -128,7 +128,7 @@ func TestUntrustedImages(t *testing.T) {
 				}
 				t.Errorf("OpenImage = %v, want ErrUntrusted", err)
 			}
-			if err := p.ExpandVolume(v, 2<<20); !errors.Is(err, ErrUntrusted) {
+			if err := p.ExpandVolume(t.Context(), v, 2<<20); !errors.Is(err, ErrUntrusted) {
 				t.Errorf("ExpandVolume = %v, want ErrUntrusted", err)
 			}
 			if _, err := p.Usage(); err != nil {
@@ -166,7 +166,7 @@ func TestSwappedDirectories(t *testing.T) {
 	must(t, err)
 	must(t, os.Rename(filepath.Join(root, volumesDir), filepath.Join(root, "moved")))
 	must(t, os.Symlink(elsewhere, filepath.Join(root, volumesDir)))
-	if _, err := p.CreateVolume(spec("v", 1<<20)); err != nil {
+	if _, err := p.CreateVolume(t.Context(), spec("v", 1<<20)); err != nil {
 		t.Fatal(err)
 	}
 	if entries, _ := os.ReadDir(elsewhere); len(entries) != 0 {
@@ -181,7 +181,7 @@ func TestSwappedDirectories(t *testing.T) {
 // written (so no reader refuses what a writer made), and the old one stays.
 func TestRecordSizeLimit(t *testing.T) {
 	p := newTestPool(t)
-	v, err := p.CreateVolume(spec("v", 1<<20))
+	v, err := p.CreateVolume(t.Context(), spec("v", 1<<20))
 	must(t, err)
 	for i := 0; i < MaxRecordBytes/64; i++ {
 		v.Attachments = append(v.Attachments, Attachment{Node: strings.Repeat("n", 60)})

@@ -1,6 +1,7 @@
 package pool
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -153,10 +154,10 @@ func (p *Pool) readRecordOf(id VolumeID) (*Volume, error) {
 // exists (ErrExists otherwise), so an image that another process has returned
 // is never replaced. An image without a record is the remains of a
 // CreateVolume that crashed before it finished: it is replaced. The space
-// check and the allocation run under the pool lock (lockCapacity). The
-// record is written last, so a volume exists only once its image is
-// complete.
-func (p *Pool) CreateVolume(spec VolumeSpec) (*Volume, error) {
+// check and the allocation run under the pool lock (lockCapacity), which
+// it waits for only while ctx lasts (ErrBusy after). The record is written
+// last, so a volume exists only once its image is complete.
+func (p *Pool) CreateVolume(ctx context.Context, spec VolumeSpec) (*Volume, error) {
 	id := DeriveVolumeID(p.Name, spec.Name)
 	if spec.SizeBytes <= 0 || spec.SizeBytes%512 != 0 {
 		return nil, fmt.Errorf("volume size %d is not a positive multiple of 512", spec.SizeBytes)
@@ -171,7 +172,7 @@ func (p *Pool) CreateVolume(spec VolumeSpec) (*Volume, error) {
 		return nil, fmt.Errorf("remove unfinished image: %w", err)
 	}
 	if spec.Source == nil {
-		if err := p.allocate(id, spec.SizeBytes, spec.Thin); err != nil {
+		if err := p.allocate(ctx, id, spec.SizeBytes, spec.Thin); err != nil {
 			return nil, err
 		}
 	} else {
@@ -182,7 +183,7 @@ func (p *Pool) CreateVolume(spec VolumeSpec) (*Volume, error) {
 		if spec.Source.SizeBytes > spec.SizeBytes {
 			return nil, fmt.Errorf("volume size %d is below its source's %d", spec.SizeBytes, spec.Source.SizeBytes)
 		}
-		if _, err := p.copyImage(id.Hash, stem, spec.Source.SizeBytes, spec.SizeBytes, spec.Thin, nil); err != nil {
+		if _, err := p.copyImage(ctx, id.Hash, stem, spec.Source.SizeBytes, spec.SizeBytes, spec.Thin, nil); err != nil {
 			return nil, err
 		}
 	}
@@ -215,8 +216,8 @@ func (p *Pool) CreateVolume(spec VolumeSpec) (*Volume, error) {
 // NFS servers) get a sparse file, and so does a thin volume; Usage then
 // counts the unallocated rest as promised. The fsync runs after the pool lock is released: the allocation
 // is visible to statfs as soon as fallocate returns.
-func (p *Pool) allocate(id VolumeID, size int64, thin bool) error {
-	unlock, err := p.lockCapacity()
+func (p *Pool) allocate(ctx context.Context, id VolumeID, size int64, thin bool) error {
+	unlock, err := p.lockCapacity(ctx)
 	if err != nil {
 		return err
 	}
@@ -312,8 +313,9 @@ func (p *Pool) OpenImage(id VolumeID, flag int) (*os.File, error) {
 
 // ExpandVolume grows the image of v to size bytes and records the new size.
 // The caller holds Lock and read v under it. Shrinking is refused; the same
-// size is a no-op. The space check and the growth run under the pool lock.
-func (p *Pool) ExpandVolume(v *Volume, size int64) error {
+// size is a no-op. The space check and the growth run under the pool lock,
+// waited for only while ctx lasts (ErrBusy after).
+func (p *Pool) ExpandVolume(ctx context.Context, v *Volume, size int64) error {
 	id, err := ParseVolumeID(v.ID)
 	if err != nil {
 		return err
@@ -332,7 +334,7 @@ func (p *Pool) ExpandVolume(v *Volume, size int64) error {
 		return err
 	}
 	defer f.Close()
-	if err := p.grow(f, size-v.SizeBytes, size); err != nil {
+	if err := p.grow(ctx, f, size-v.SizeBytes, size); err != nil {
 		return err
 	}
 	if err := f.Sync(); err != nil {
@@ -347,8 +349,8 @@ func (p *Pool) ExpandVolume(v *Volume, size int64) error {
 	return nil
 }
 
-func (p *Pool) grow(f *os.File, more, size int64) error {
-	unlock, err := p.lockCapacity()
+func (p *Pool) grow(ctx context.Context, f *os.File, more, size int64) error {
+	unlock, err := p.lockCapacity(ctx)
 	if err != nil {
 		return err
 	}
