@@ -158,6 +158,9 @@ type Controller struct {
 	owner           *metav1.OwnerReference
 	topologyCapable bool
 
+	// writes are the controller's own writes of each item's object.
+	writes *kube.Writes[workItem]
+
 	mu    sync.Mutex
 	items map[workItem]*itemState
 }
@@ -181,6 +184,7 @@ func New(cfg Config) (*Controller, error) {
 		q:         kube.NewQueue[workItem](QueueName, cfg.RetryIntervalStart, cfg.RetryIntervalMax),
 		api:       cfg.Informers.APIHealth(),
 		topo:      newTopology(),
+		writes:    kube.NewWrites[workItem](1),
 		items:     map[workItem]*itemState{},
 	}
 	inf := cfg.Informers

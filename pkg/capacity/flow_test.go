@@ -16,6 +16,7 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/loopvol/loopvol/internal/kube"
+	"github.com/loopvol/loopvol/internal/kube/kubetest"
 	"github.com/loopvol/loopvol/pkg/csiclient"
 )
 
@@ -47,7 +48,7 @@ func (f *fixture) objectOf(class, zone string) *storagev1.CSIStorageCapacity {
 func TestOwnWritesQueueNothing(t *testing.T) {
 	f := newFixture(t, topoCaps, with(twoZones(), class("fast")))
 	f.drain() // observes each create after it
-	diff(t, "GetCapacity calls", []getCapacityCall{{Pool: "fast-pool", Zone: "z1"}, {Pool: "fast-pool", Zone: "z2"}}, f.csi.takeCalls())
+	kubetest.Diff(t, "GetCapacity calls", []getCapacityCall{{Pool: "fast-pool", Zone: "z1"}, {Pool: "fast-pool", Zone: "z2"}}, f.csi.takeCalls())
 	if n := len(f.writes()); n != 2 {
 		t.Errorf("%d writes, want 2 creates", n)
 	}
@@ -60,7 +61,7 @@ func TestOwnWritesQueueNothing(t *testing.T) {
 	f.csi.setFree("z2", 19*gi)
 	f.c.enqueueAll()
 	f.drain()
-	diff(t, "API writes", []apiAction{
+	kubetest.Diff(t, "API writes", []apiAction{
 		patch(f.objectOf("fast", "z1").Name, `{"capacity":"9Gi","maximumVolumeSize":"4608Mi"}`),
 		patch(f.objectOf("fast", "z2").Name, `{"capacity":"19Gi","maximumVolumeSize":"9728Mi"}`),
 	}, f.writes())
@@ -78,7 +79,7 @@ func TestCacheLagNeverWritesTwice(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	diff(t, "writes of two syncs before the create is seen", []apiAction{create(desc("fast", "z1", "10Gi", "5Gi", "external-provisioner", ""))}, f.writes())
+	kubetest.Diff(t, "writes of two syncs before the create is seen", []apiAction{create(desc("fast", "z1", "10Gi", "5Gi", "external-provisioner", ""))}, f.writes())
 
 	// A changed figure, patched; synced again before the cache sees the
 	// patch: one patch.
@@ -90,19 +91,19 @@ func TestCacheLagNeverWritesTwice(t *testing.T) {
 		}
 	}
 	name := f.objectOf("fast", "z1").Name
-	diff(t, "writes of two syncs before the patch is seen", []apiAction{patch(name, `{"capacity":"8Gi","maximumVolumeSize":"4Gi"}`)}, f.writes())
+	kubetest.Diff(t, "writes of two syncs before the patch is seen", []apiAction{patch(name, `{"capacity":"8Gi","maximumVolumeSize":"4Gi"}`)}, f.writes())
 	// Another change while the cache is still behind: patched once more,
 	// from the controller's own last write.
 	f.csi.setFree("z1", 7*gi)
 	if err := f.c.sync(f.ctx, it); err != nil {
 		t.Fatal(err)
 	}
-	diff(t, "writes of a sync over its own unseen patch", []apiAction{patch(name, `{"capacity":"7Gi","maximumVolumeSize":"3584Mi"}`)}, f.writes())
+	kubetest.Diff(t, "writes of a sync over its own unseen patch", []apiAction{patch(name, `{"capacity":"7Gi","maximumVolumeSize":"3584Mi"}`)}, f.writes())
 	f.observe()
 	if err := f.c.sync(f.ctx, it); err != nil {
 		t.Fatal(err)
 	}
-	diff(t, "writes once the cache caught up", []apiAction(nil), f.writes())
+	kubetest.Diff(t, "writes once the cache caught up", []apiAction(nil), f.writes())
 }
 
 func TestHandEditsRepaired(t *testing.T) {
@@ -118,7 +119,7 @@ func TestHandEditsRepaired(t *testing.T) {
 	}
 	f.observe()
 	f.drain()
-	diff(t, "writes after a hand edit", []apiAction{patch(z1.Name, `{"capacity":"10Gi"}`)}, f.writes())
+	kubetest.Diff(t, "writes after a hand edit", []apiAction{patch(z1.Name, `{"capacity":"10Gi"}`)}, f.writes())
 
 	// Someone deletes it: made again.
 	if err := f.client.Tracker().Delete(cscResource, ns, z1.Name); err != nil {
@@ -127,7 +128,7 @@ func TestHandEditsRepaired(t *testing.T) {
 	f.client.ClearActions()
 	f.observe()
 	f.drain()
-	diff(t, "writes after a hand delete", []apiAction{create(desc("fast", "z1", "10Gi", "5Gi", "external-provisioner", ""))}, f.writes())
+	kubetest.Diff(t, "writes after a hand delete", []apiAction{create(desc("fast", "z1", "10Gi", "5Gi", "external-provisioner", ""))}, f.writes())
 	if len(f.apiObjects()) != 2 {
 		t.Errorf("objects after the repair: %v", f.state())
 	}
@@ -139,7 +140,7 @@ func TestClassesComeAndGo(t *testing.T) {
 
 	f.update(class("slow"))
 	f.drain()
-	diff(t, "writes after a class was added", []apiAction{
+	kubetest.Diff(t, "writes after a class was added", []apiAction{
 		create(desc("slow", "z1", "10Gi", "5Gi", "external-provisioner", "")),
 		create(desc("slow", "z2", "20Gi", "10Gi", "external-provisioner", "")),
 	}, f.writes())
@@ -155,8 +156,8 @@ func TestClassesComeAndGo(t *testing.T) {
 
 	f.remove(class("fast"))
 	f.drain()
-	diff(t, "writes after a class was deleted", []apiAction{deleteAction(fastZ1), deleteAction(fastZ2)}, f.writes())
-	diff(t, "calls after a class was deleted", []getCapacityCall{{Pool: "slow-pool", Zone: "z1"}, {Pool: "slow-pool", Zone: "z2"}}, f.csi.takeCalls())
+	kubetest.Diff(t, "writes after a class was deleted", []apiAction{deleteAction(fastZ1), deleteAction(fastZ2)}, f.writes())
+	kubetest.Diff(t, "calls after a class was deleted", []getCapacityCall{{Pool: "slow-pool", Zone: "z1"}, {Pool: "slow-pool", Zone: "z2"}}, f.csi.takeCalls())
 }
 
 func TestSegmentsFollowNodes(t *testing.T) {
@@ -166,7 +167,7 @@ func TestSegmentsFollowNodes(t *testing.T) {
 	// n1 moves from z1 to z3: z3 appears; z1 stays (n3 is still there).
 	f.update(node("n1", "z3"))
 	f.drain()
-	diff(t, "writes after n1 moved to z3", []apiAction{create(desc("fast", "z3", "0", "0", "external-provisioner", ""))}, f.writes())
+	kubetest.Diff(t, "writes after n1 moved to z3", []apiAction{create(desc("fast", "z3", "0", "0", "external-provisioner", ""))}, f.writes())
 
 	// A Node change that leaves the labels alone queues nothing.
 	same := node("n1", "z3")
@@ -180,24 +181,24 @@ func TestSegmentsFollowNodes(t *testing.T) {
 	// n2 (the only node of z2) loses the label: z2 goes.
 	f.update(node("n2", ""))
 	f.drain()
-	diff(t, "writes after z2's only node lost its label", []apiAction{deleteAction(z2)}, f.writes())
+	kubetest.Diff(t, "writes after z2's only node lost its label", []apiAction{deleteAction(z2)}, f.writes())
 
 	// n2's CSINode appears again with the label back; then the CSINode of
 	// n3 drops the driver and n1 its Node: only z3 of n1... is gone too.
 	f.update(node("n2", "z2"))
 	f.drain()
-	diff(t, "writes after z2 came back", []apiAction{create(desc("fast", "z2", "20Gi", "10Gi", "external-provisioner", ""))}, f.writes())
+	kubetest.Diff(t, "writes after z2 came back", []apiAction{create(desc("fast", "z2", "20Gi", "10Gi", "external-provisioner", ""))}, f.writes())
 	z1 := f.objectOf("fast", "z1").Name
 	noDriver := csiNode("n3")
 	noDriver.Spec.Drivers = noDriver.Spec.Drivers[:1]
 	noDriver.ResourceVersion = "2"
 	f.update(noDriver)
 	f.drain()
-	diff(t, "writes after z1's last node dropped the driver", []apiAction{deleteAction(z1)}, f.writes())
+	kubetest.Diff(t, "writes after z1's last node dropped the driver", []apiAction{deleteAction(z1)}, f.writes())
 	z3 := f.objectOf("fast", "z3").Name
 	f.remove(node("n1", "z3"))
 	f.drain()
-	diff(t, "writes after z3's node was deleted", []apiAction{deleteAction(z3)}, f.writes())
+	kubetest.Diff(t, "writes after z3's node was deleted", []apiAction{deleteAction(z3)}, f.writes())
 }
 
 func TestPersistentVolumesRefreshTheirSegments(t *testing.T) {
@@ -209,8 +210,8 @@ func TestPersistentVolumesRefreshTheirSegments(t *testing.T) {
 	v := pv("pv1", "fast", "z1", gi)
 	f.update(v)
 	f.drain()
-	diff(t, "calls after a PV was created in z1", []getCapacityCall{{Pool: "fast-pool", Zone: "z1"}, {Pool: "slow-pool", Zone: "z1"}}, f.csi.takeCalls())
-	diff(t, "writes after a PV was created in z1", []apiAction{
+	kubetest.Diff(t, "calls after a PV was created in z1", []getCapacityCall{{Pool: "fast-pool", Zone: "z1"}, {Pool: "slow-pool", Zone: "z1"}}, f.csi.takeCalls())
+	kubetest.Diff(t, "writes after a PV was created in z1", []apiAction{
 		patch(f.objectOf("fast", "z1").Name, `{"capacity":"9Gi","maximumVolumeSize":"4608Mi"}`),
 		patch(f.objectOf("slow", "z1").Name, `{"capacity":"9Gi","maximumVolumeSize":"4608Mi"}`),
 	}, f.writes())
@@ -224,7 +225,7 @@ func TestPersistentVolumesRefreshTheirSegments(t *testing.T) {
 	resized.Spec.Capacity["storage"] = *resource.NewQuantity(2*gi, resource.BinarySI)
 	f.update(resized)
 	f.drain()
-	diff(t, "calls after a PV was resized", []getCapacityCall{{Pool: "fast-pool", Zone: "z1"}, {Pool: "slow-pool", Zone: "z1"}}, f.csi.takeCalls())
+	kubetest.Diff(t, "calls after a PV was resized", []getCapacityCall{{Pool: "fast-pool", Zone: "z1"}, {Pool: "slow-pool", Zone: "z1"}}, f.csi.takeCalls())
 
 	// Another update (the status, a label) or a resync: nothing.
 	relabelled := resized.DeepCopy()
@@ -241,7 +242,7 @@ func TestPersistentVolumesRefreshTheirSegments(t *testing.T) {
 	f.csi.setFree("z1", 10*gi)
 	f.remove(relabelled)
 	f.drain()
-	diff(t, "writes after the PV was deleted", []apiAction{
+	kubetest.Diff(t, "writes after the PV was deleted", []apiAction{
 		patch(f.objectOf("fast", "z1").Name, `{"capacity":"10Gi","maximumVolumeSize":"5Gi"}`),
 		patch(f.objectOf("slow", "z1").Name, `{"capacity":"10Gi","maximumVolumeSize":"5Gi"}`),
 	}, f.writes())
@@ -251,7 +252,7 @@ func TestPersistentVolumesRefreshTheirSegments(t *testing.T) {
 	f.csi.takeCalls()
 	f.update(pv("pv2", "fast", "", gi))
 	f.drain()
-	diff(t, "calls after a PV without affinity", []getCapacityCall{
+	kubetest.Diff(t, "calls after a PV without affinity", []getCapacityCall{
 		{Pool: "fast-pool", Zone: "z1"}, {Pool: "fast-pool", Zone: "z2"}, {Pool: "slow-pool", Zone: "z1"}, {Pool: "slow-pool", Zone: "z2"},
 	}, f.csi.takeCalls())
 
@@ -284,12 +285,12 @@ func TestPersistentVolumeBurstCoalesced(t *testing.T) {
 		}
 	}
 	f.drain()
-	diff(t, "calls during the burst", []getCapacityCall{{Pool: "fast-pool", Zone: "z1"}}, f.csi.takeCalls())
+	kubetest.Diff(t, "calls during the burst", []getCapacityCall{{Pool: "fast-pool", Zone: "z1"}}, f.csi.takeCalls())
 	// The rest come as one delayed refresh. Get blocks until the delaying
 	// queue hands it over (real time: the queue's clock is not the fake).
 	f.c.processNextItem(f.ctx)
 	f.observe()
-	diff(t, "calls after the delay", []getCapacityCall{{Pool: "fast-pool", Zone: "z1"}}, f.csi.takeCalls())
+	kubetest.Diff(t, "calls after the delay", []getCapacityCall{{Pool: "fast-pool", Zone: "z1"}}, f.csi.takeCalls())
 	want := resource.NewQuantity(10*gi-200*(16<<20), resource.BinarySI)
 	if got := f.objectOf("fast", "z1").Capacity; got.Cmp(*want) != 0 {
 		t.Errorf("capacity after the burst %s, want %s", got, want)
@@ -306,7 +307,7 @@ func TestGetCapacityErrors(t *testing.T) {
 	f.csi.err = status.Error(codes.InvalidArgument, "parameter \"pool\" is not known")
 	f.c.enqueueAll()
 	f.drain()
-	diff(t, "writes when GetCapacity fails", []apiAction(nil), f.writes())
+	kubetest.Diff(t, "writes when GetCapacity fails", []apiAction(nil), f.writes())
 	if len(f.apiObjects()) != 2 {
 		t.Errorf("objects after GetCapacity failed (they must stay): %v", f.state())
 	}

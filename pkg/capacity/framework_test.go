@@ -7,32 +7,29 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
-	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
-	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/klog/v2"
 	"k8s.io/klog/v2/ktesting"
 	testingclock "k8s.io/utils/clock/testing"
 	"k8s.io/utils/ptr"
 
 	"github.com/loopvol/loopvol/internal/kube"
+	"github.com/loopvol/loopvol/internal/kube/kubetest"
 	"github.com/loopvol/loopvol/pkg/csiclient"
 )
 
@@ -264,7 +261,7 @@ func newFixture(t *testing.T, caps csiclient.Capabilities, objs []runtime.Object
 		registry: prometheus.NewRegistry(),
 		clock:    testingclock.NewFakeClock(testNow),
 	}
-	apiServerBehaviour(f.client)
+	kubetest.Serve(f.client, kubetest.Options{Now: testNow})
 	cfg := Config{
 		DriverName:         driver,
 		Client:             f.client,
@@ -462,109 +459,17 @@ func (f *fixture) drain() {
 	f.t.Fatal("the queue never drained")
 }
 
-// apiServerBehaviour makes the fake clientset act like an API server where
-// the controller depends on it: names from generateName, a UID and a new
-// resourceVersion on every write, and a resourceVersion precondition in
-// merge patches (the fake keeps objects as given).
-func apiServerBehaviour(client *fake.Clientset) {
-	var mu sync.Mutex
-	next := 100
-	react := k8stesting.ObjectReaction(client.Tracker())
-	client.PrependReactor("*", "*", func(a k8stesting.Action) (bool, runtime.Object, error) {
-		mu.Lock()
-		defer mu.Unlock()
-		next++
-		rv := strconv.Itoa(next)
-		switch a := a.(type) {
-		case k8stesting.CreateActionImpl:
-			o := a.Object.(metav1.Object)
-			if o.GetName() == "" {
-				o.SetName(fmt.Sprintf("%s%d", o.GetGenerateName(), next))
-			}
-			o.SetUID(types.UID("uid-" + o.GetName()))
-			o.SetResourceVersion(rv)
-			o.SetCreationTimestamp(metav1.NewTime(testNow))
-			return react(a)
-		case k8stesting.PatchActionImpl:
-			if a.PatchType != types.MergePatchType {
-				return false, nil, nil
-			}
-			var p map[string]any
-			if err := json.Unmarshal(a.Patch, &p); err != nil {
-				return true, nil, err
-			}
-			md, _ := p["metadata"].(map[string]any)
-			if md == nil {
-				md = map[string]any{}
-				p["metadata"] = md
-			}
-			if want, ok := md["resourceVersion"].(string); ok {
-				cur, err := client.Tracker().Get(a.Resource, a.Namespace, a.Name)
-				if err != nil {
-					return true, nil, err
-				}
-				if cur.(metav1.Object).GetResourceVersion() != want {
-					return true, nil, apierrors.NewConflict(a.Resource.GroupResource(), a.Name, errors.New("the object has been modified"))
-				}
-			}
-			md["resourceVersion"] = rv
-			a.Patch, _ = json.Marshal(p)
-			return react(a)
-		}
-		return false, nil, nil
-	})
-}
+// apiAction is one write to the API server; a created object is in
+// short form (describe).
+type apiAction = kubetest.Action
 
-// apiAction is one write to the API server: verb, object name, and for a
-// patch the patch without the resourceVersion the fake adds, for a create
-// the object in short form.
-type apiAction struct {
-	Verb   string
-	Name   string
-	Patch  string
-	Object string
-}
+// recorder lists the writes (reads are left out).
+var recorder = kubetest.Recorder{Skip: []string{"get", "list"}, Describe: func(o runtime.Object) string {
+	return describe(o.(*storagev1.CSIStorageCapacity))
+}}
 
-// writes returns the writes since the last call (reads are left out).
-func (f *fixture) writes() []apiAction {
-	var out []apiAction
-	for _, a := range f.client.Actions() {
-		act := apiAction{Verb: a.GetVerb()}
-		switch a := a.(type) {
-		case k8stesting.CreateAction:
-			act.Object = describe(a.GetObject().(*storagev1.CSIStorageCapacity))
-		case k8stesting.PatchAction:
-			act.Name, act.Patch = a.GetName(), normPatch(a.GetPatch())
-		case k8stesting.DeleteAction:
-			act.Name = a.GetName()
-		default:
-			continue
-		}
-		out = append(out, act)
-	}
-	f.client.ClearActions()
-	return out
-}
-
-// normPatch re-encodes a merge patch with sorted keys and without the
-// resourceVersion apiServerBehaviour adds after the controller sent it,
-// keeping one the controller sent as a precondition.
-func normPatch(b []byte) string {
-	var v map[string]any
-	if err := json.Unmarshal(b, &v); err != nil {
-		return "invalid JSON: " + string(b)
-	}
-	if md, ok := v["metadata"].(map[string]any); ok {
-		if _, owners := md["ownerReferences"]; !owners {
-			delete(md, "resourceVersion")
-		}
-		if len(md) == 0 {
-			delete(v, "metadata")
-		}
-	}
-	out, _ := json.Marshal(v)
-	return string(out)
-}
+// writes returns the writes since the last call.
+func (f *fixture) writes() []apiAction { return recorder.Take(f.client) }
 
 // describe is an object in short form: its class, segment, figures, labels
 // and owners.
@@ -592,18 +497,17 @@ func (f *fixture) state() map[string]string {
 	return out
 }
 
-func diff[T any](t *testing.T, what string, want, got T) {
-	t.Helper()
-	if d := cmp.Diff(want, got); d != "" {
-		t.Errorf("%s (-want +got):\n%s", what, d)
-	}
+func create(obj string) apiAction {
+	return apiAction{Verb: "create", Resource: cscResource.Resource, Namespace: ns, Object: obj}
 }
 
-func create(obj string) apiAction { return apiAction{Verb: "create", Object: obj} }
 func patch(name, p string) apiAction {
-	return apiAction{Verb: "patch", Name: name, Patch: normPatch([]byte(p))}
+	return apiAction{Verb: "patch", Resource: cscResource.Resource, Namespace: ns, Name: name, PatchType: types.MergePatchType, Patch: recorder.Norm(p)}
 }
-func deleteAction(name string) apiAction { return apiAction{Verb: "delete", Name: name} }
+
+func deleteAction(name string) apiAction {
+	return apiAction{Verb: "delete", Resource: cscResource.Resource, Namespace: ns, Name: name}
+}
 
 func labelsSet(m map[string]string) labels.Set { return labels.Set(m) }
 

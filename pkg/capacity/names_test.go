@@ -13,6 +13,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2/ktesting"
 	"k8s.io/utils/ptr"
+
+	"github.com/loopvol/loopvol/internal/kube/kubetest"
 )
 
 // TestManagedByID checks the label values against those the upstream
@@ -52,7 +54,7 @@ func TestSegmentKeys(t *testing.T) {
 		{"b": "", "a/x": "1", "c.d": "v-2_x.y"},
 	} {
 		key := segmentKey(labels)
-		diff(t, "labels of "+key, labels, segmentLabels(key))
+		kubetest.Diff(t, "labels of "+key, labels, segmentLabels(key))
 	}
 	if got := segmentKey(map[string]string{"b": "2", "a": "1"}); got != "a=1,b=2" {
 		t.Errorf("segmentKey sorts by name: %q", got)
@@ -120,7 +122,7 @@ func TestTopologyCountsNodes(t *testing.T) {
 	step("n2 gone", "n2", "", false, "-", "z1")
 	step("n3 unknown, gone", "n3", "", false, "-", "-")
 	step("n1 to the empty segment", "n1", "", true, "", "z2")
-	diff(t, "segments", []string{""}, tp.keys())
+	kubetest.Diff(t, "segments", []string{""}, tp.keys())
 }
 
 // fakeGetter serves object metadata from a map by "Kind/name".
@@ -182,7 +184,7 @@ func TestLookupOwner(t *testing.T) {
 		case err != nil:
 			t.Errorf("LookupOwner(%s, %d): %v", tc.pod, tc.levels, err)
 		default:
-			diff(t, "owner", tc.want, got)
+			kubetest.Diff(t, "owner", tc.want, got)
 		}
 	}
 	if !retriable(errors.New("connection refused")) || !retriable(apierrors.NewServiceUnavailable("busy")) {

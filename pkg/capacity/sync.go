@@ -53,17 +53,13 @@ type itemState struct {
 	publishedUID types.UID
 	published    *figures
 	// ahead is the object as the controller's last write returned it,
-	// until the cache shows that write: after a create, the object the
-	// cache does not have yet; after a patch, the object whose cached
-	// copy still has resourceVersion prevRV. A sync never writes twice
-	// because its cache lags behind its own write.
-	ahead *aheadWrite
-}
-
-type aheadWrite struct {
-	obj    *storagev1.CSIStorageCapacity
-	prevRV string // "" after a create
-	at     time.Time
+	// until the cache shows that write (Controller.writes knows its
+	// resourceVersion and time): after a create, the object the cache
+	// does not have yet (created); after a patch, the object whose cached
+	// copy is older. A sync never writes twice because its cache lags
+	// behind its own write.
+	ahead   *storagev1.CSIStorageCapacity
+	created bool
 }
 
 // state returns the state of it, made if missing. Call with c.mu held.
@@ -116,7 +112,7 @@ func (c *Controller) forgetObject(it workItem, uid types.UID) bool {
 	if st == nil {
 		return true
 	}
-	if st.ahead != nil && st.ahead.obj.UID == uid {
+	if st.ahead != nil && st.ahead.UID == uid {
 		st.ahead = nil
 	}
 	switch st.publishedUID {
@@ -146,14 +142,15 @@ func (c *Controller) objectsOf(it workItem) []*storagev1.CSIStorageCapacity {
 		return objs
 	}
 	a := st.ahead
-	i := slices.IndexFunc(objs, func(o *storagev1.CSIStorageCapacity) bool { return o.UID == a.obj.UID })
+	_, at := c.writes.Last(it)
+	i := slices.IndexFunc(objs, func(o *storagev1.CSIStorageCapacity) bool { return o.UID == a.UID })
 	switch {
-	case i >= 0 && objs[i].ResourceVersion == a.prevRV:
-		objs[i] = a.obj // the cache has not seen the patch yet
+	case i >= 0 && c.writes.Stale(it, objs[i].ResourceVersion):
+		objs[i] = a // the cache has not seen the patch yet
 	case i >= 0:
 		st.ahead = nil // the cache has caught up (or moved on)
-	case a.prevRV == "" && c.clock.Since(a.at) < createdTTL:
-		objs = append(objs, a.obj) // the cache has not seen the create yet
+	case st.created && c.clock.Since(at) < createdTTL:
+		objs = append(objs, a) // the cache has not seen the create yet
 	default:
 		st.ahead = nil // patched, then deleted; or created long ago and never seen
 	}
@@ -182,6 +179,7 @@ func (c *Controller) sync(ctx context.Context, it workItem) error {
 			c.mu.Lock()
 			delete(c.items, it)
 			c.mu.Unlock()
+			c.writes.Forget(it)
 		}
 		return err
 	}
@@ -290,7 +288,7 @@ func (c *Controller) create(ctx context.Context, it workItem, want figures) erro
 	}
 	klog.FromContext(ctx).V(2).Info("Created CSIStorageCapacity", "csiStorageCapacity", klog.KObj(created),
 		"capacity", want.capacity.String(), "maximumVolumeSize", quantityString(want.maxSize))
-	c.wrote(it, created, want, true, "")
+	c.wrote(it, created, want, true, true)
 	return nil
 }
 
@@ -310,7 +308,7 @@ func (c *Controller) update(ctx context.Context, it workItem, o *storagev1.CSISt
 		patch["metadata"] = map[string]any{"ownerReferences": c.ownerReferences(o), "resourceVersion": o.ResourceVersion}
 	}
 	if len(patch) == 0 {
-		c.wrote(it, o, want, false, "")
+		c.wrote(it, o, want, false, false)
 		return nil
 	}
 	data, err := json.Marshal(patch)
@@ -332,16 +330,15 @@ func (c *Controller) update(ctx context.Context, it workItem, o *storagev1.CSISt
 	klog.FromContext(ctx).V(2).Info("Updated CSIStorageCapacity", "csiStorageCapacity", klog.KObj(patched),
 		"capacity", want.capacity.String(), "maximumVolumeSize", quantityString(want.maxSize),
 		"oldCapacity", quantityString(o.Capacity), "oldMaximumVolumeSize", quantityString(o.MaximumVolumeSize))
-	c.wrote(it, patched, want, true, o.ResourceVersion)
+	c.wrote(it, patched, want, true, false)
 	return nil
 }
 
-// wrote records that o is the object of it with the figures want. With
-// a write (create: fromRV ""; patch: fromRV the resourceVersion patched),
-// o as the write returned it is ahead of the cache until the cache shows
-// it. A write over an object that was itself still ahead stays ahead of
-// the same stale cached copy.
-func (c *Controller) wrote(it workItem, o *storagev1.CSIStorageCapacity, want figures, written bool, fromRV string) {
+// wrote records that o is the object of it with the figures want. After
+// a write (written; created: a create), o as the write returned it is
+// ahead of the cache until the cache shows it. A patch of an object whose
+// create the cache has not shown yet stays that create.
+func (c *Controller) wrote(it workItem, o *storagev1.CSIStorageCapacity, want figures, written, created bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	st := c.state(it)
@@ -349,10 +346,11 @@ func (c *Controller) wrote(it workItem, o *storagev1.CSIStorageCapacity, want fi
 	if !written {
 		return
 	}
-	if st.ahead != nil && st.ahead.obj.UID == o.UID {
-		fromRV = st.ahead.prevRV
+	if st.ahead != nil && st.ahead.UID == o.UID {
+		created = created || st.created
 	}
-	st.ahead = &aheadWrite{obj: o, prevRV: fromRV, at: c.clock.Now()}
+	st.ahead, st.created = o, created
+	c.writes.Record(it, o.ResourceVersion, c.clock.Now())
 }
 
 // delete deletes o (only that object: a UID precondition). An object

@@ -8,6 +8,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 
+	"github.com/loopvol/loopvol/internal/kube/kubetest"
 	"github.com/loopvol/loopvol/pkg/csiclient"
 )
 
@@ -217,9 +218,9 @@ func TestInitialSync(t *testing.T) {
 			f := newFixture(t, caps, tc.objs, tc.opts...)
 			f.csi.noMax = tc.noMax
 			f.drain()
-			diff(t, "GetCapacity calls", tc.wantCalls, f.csi.takeCalls())
-			diff(t, "API writes", tc.wantWrites, f.writes())
-			diff(t, "objects", sortedValues(tc.wantObjects), sortedValues(mapValues(f.state())))
+			kubetest.Diff(t, "GetCapacity calls", tc.wantCalls, f.csi.takeCalls())
+			kubetest.Diff(t, "API writes", tc.wantWrites, f.writes())
+			kubetest.Diff(t, "objects", sortedValues(tc.wantObjects), sortedValues(mapValues(f.state())))
 
 			// Nothing changed: a poll asks the driver again and writes nothing.
 			f.c.enqueueAll()
@@ -227,7 +228,7 @@ func TestInitialSync(t *testing.T) {
 			if len(tc.wantObjects) > 0 && len(f.csi.takeCalls()) == 0 {
 				t.Error("the poll did not ask the driver")
 			}
-			diff(t, "API writes of a poll with nothing changed", []apiAction(nil), f.writes())
+			kubetest.Diff(t, "API writes of a poll with nothing changed", []apiAction(nil), f.writes())
 		})
 	}
 }
