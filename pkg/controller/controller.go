@@ -6,17 +6,15 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/loopvol/loopvol/pkg/loop"
 	"github.com/loopvol/loopvol/pkg/pool"
+	"github.com/loopvol/loopvol/pkg/volspec"
 )
-
-// TopologyKey is the accessible-topology key of loopvol: a pool serves the
-// nodes of one zone.
-const TopologyKey = "topology.loopvol.csi.io/zone"
 
 // Volume context and publish context keys.
 const (
@@ -95,10 +93,10 @@ func New(cfg Config) (*Server, error) {
 		s.freezer = &freezer{loop: cfg.Loop, mountInfo: cmp.Or(cfg.MountInfo, "/proc/self/mountinfo")}
 	}
 	if s.defaultFsType == "" {
-		s.defaultFsType = "ext4"
+		s.defaultFsType = volspec.DefaultFsType
 	}
-	if !supportedFsTypes[s.defaultFsType] {
-		return nil, fmt.Errorf("default filesystem %q is not one of ext4, xfs", s.defaultFsType)
+	if !volspec.SupportedFsType(s.defaultFsType) {
+		return nil, fmt.Errorf("default filesystem %q is not one of %s", s.defaultFsType, strings.Join(volspec.Filesystems, ", "))
 	}
 	for _, p := range cfg.Pools {
 		if _, dup := s.pools[p.Name]; dup {
@@ -145,11 +143,11 @@ func (s *Server) ControllerGetCapabilities(context.Context, *csi.ControllerGetCa
 func (s *Server) lookup(volumeID string) (*pool.Pool, pool.VolumeID, error) {
 	id, err := pool.ParseVolumeID(volumeID)
 	if err != nil {
-		return nil, id, kindf(errNotFound, "volume %q does not exist: %w", volumeID, err)
+		return nil, id, volspec.Errorf(volspec.ErrNotFound, "volume %q does not exist: %w", volumeID, err)
 	}
 	p, ok := s.pools[id.Pool]
 	if !ok {
-		return nil, id, kindf(errNotFound, "volume %q does not exist: no pool %q", volumeID, id.Pool)
+		return nil, id, volspec.Errorf(volspec.ErrNotFound, "volume %q does not exist: no pool %q", volumeID, id.Pool)
 	}
 	return p, id, nil
 }

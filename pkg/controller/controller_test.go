@@ -9,6 +9,7 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/loopvol/loopvol/pkg/pool"
+	"github.com/loopvol/loopvol/pkg/volspec"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"k8s.io/klog/v2/ktesting"
@@ -148,7 +149,7 @@ func TestCreateVolume(t *testing.T) {
 		}(), code: codes.InvalidArgument},
 		{name: "requisite topology nobody serves", req: func() *csi.CreateVolumeRequest {
 			r := createReq("v", gib)
-			r.AccessibilityRequirements = &csi.TopologyRequirement{Requisite: []*csi.Topology{{Segments: map[string]string{TopologyKey: "mars"}}}}
+			r.AccessibilityRequirements = &csi.TopologyRequirement{Requisite: []*csi.Topology{{Segments: map[string]string{volspec.TopologyKey: "mars"}}}}
 			return r
 		}(), code: codes.ResourceExhausted},
 	}
@@ -166,7 +167,7 @@ func TestCreateVolume(t *testing.T) {
 			if got := resp.GetVolume().GetCapacityBytes(); got != tc.wantSize {
 				t.Fatalf("size = %d, want %d", got, tc.wantSize)
 			}
-			if topo := resp.GetVolume().GetAccessibleTopology(); len(topo) != 1 || topo[0].Segments[TopologyKey] != "z1" {
+			if topo := resp.GetVolume().GetAccessibleTopology(); len(topo) != 1 || topo[0].Segments[volspec.TopologyKey] != "z1" {
 				t.Fatalf("topology = %v", topo)
 			}
 		})
@@ -196,8 +197,8 @@ func TestCreateVolumeTopology(t *testing.T) {
 	f := newFixture(t, map[string]string{"a": "z1", "b": "z2", "c": "z3"})
 	req := createReq("pvc-topo", 16*mib)
 	req.AccessibilityRequirements = &csi.TopologyRequirement{
-		Requisite: []*csi.Topology{{Segments: map[string]string{TopologyKey: "z2"}}, {Segments: map[string]string{TopologyKey: "z3"}}},
-		Preferred: []*csi.Topology{{Segments: map[string]string{TopologyKey: "z3"}}},
+		Requisite: []*csi.Topology{{Segments: map[string]string{volspec.TopologyKey: "z2"}}, {Segments: map[string]string{volspec.TopologyKey: "z3"}}},
+		Preferred: []*csi.Topology{{Segments: map[string]string{volspec.TopologyKey: "z3"}}},
 	}
 	resp, err := f.s.CreateVolume(ctx(t), req)
 	if err != nil {
@@ -397,7 +398,7 @@ func TestCapacityAndExpand(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	one, err := f.s.GetCapacity(c, &csi.GetCapacityRequest{AccessibleTopology: &csi.Topology{Segments: map[string]string{TopologyKey: "z2"}}})
+	one, err := f.s.GetCapacity(c, &csi.GetCapacityRequest{AccessibleTopology: &csi.Topology{Segments: map[string]string{volspec.TopologyKey: "z2"}}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/loopvol/loopvol/pkg/pool"
+	"github.com/loopvol/loopvol/pkg/volspec"
 	"k8s.io/klog/v2"
 )
 
@@ -51,7 +52,7 @@ func (s *Server) createVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 	}
 	unlock, ok := s.names.tryLock(req.GetName())
 	if !ok {
-		return nil, kindf(errBusy, "a CreateVolume for %q is in progress", req.GetName())
+		return nil, volspec.Errorf(volspec.ErrBusy, "a CreateVolume for %q is in progress", req.GetName())
 	}
 	defer unlock()
 	// Another controller process may serve the same pools: lock the name's
@@ -70,7 +71,7 @@ func (s *Server) createVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 		return nil, err
 	} else if v != nil {
 		if err := compatible(p, v, req, shape, src, mut); err != nil {
-			return nil, kindf(errExists, "volume %q exists as %s with other properties: %v", req.GetName(), v.ID, err)
+			return nil, volspec.Errorf(volspec.ErrExists, "volume %q exists as %s with other properties: %v", req.GetName(), v.ID, err)
 		}
 		logger.V(4).Info("Volume exists already", "volumeID", v.ID)
 		return &csi.CreateVolumeResponse{Volume: s.csiVolume(p, v)}, nil
@@ -256,18 +257,18 @@ func (s *Server) choosePool(req *csi.CreateVolumeRequest, poolName string, size 
 	case lastErr != nil:
 		return nil, lastErr
 	case total == 0:
-		return nil, kindf(errNoSpace, "no pool in the accessible topology %v can hold the volume", tr.GetRequisite())
+		return nil, volspec.Errorf(volspec.ErrNoSpace, "no pool in the accessible topology %v can hold the volume", tr.GetRequisite())
 	case size > total:
 		return nil, outOfRange("%d bytes is larger than any pool's filesystem (%d bytes)", size, total)
 	default:
-		return nil, kindf(errNoSpace, "no pool has %d bytes available", size)
+		return nil, volspec.Errorf(volspec.ErrNoSpace, "no pool has %d bytes available", size)
 	}
 }
 
 // segmentMatches: a segment selects pools by zone; a segment without our key
 // does not constrain the pool.
 func segmentMatches(t *csi.Topology, p *pool.Pool) bool {
-	zone, ok := t.GetSegments()[TopologyKey]
+	zone, ok := t.GetSegments()[volspec.TopologyKey]
 	return !ok || zone == p.Zone
 }
 
@@ -279,7 +280,7 @@ func (s *Server) csiVolume(p *pool.Pool, v *pool.Volume) *csi.Volume {
 		VolumeId:           v.ID,
 		CapacityBytes:      v.SizeBytes,
 		VolumeContext:      map[string]string{ContextPool: p.Name, ContextAccessType: v.AccessType},
-		AccessibleTopology: []*csi.Topology{{Segments: map[string]string{TopologyKey: p.Zone}}},
+		AccessibleTopology: []*csi.Topology{{Segments: map[string]string{volspec.TopologyKey: p.Zone}}},
 	}
 }
 
@@ -329,7 +330,7 @@ func (s *Server) deleteVolume(ctx context.Context, req *csi.DeleteVolumeRequest)
 		logger.Error(err, "Deleting a volume whose record is unreadable: no node serves its pool, so none can have it attached")
 		q = p
 	case len(v.Attachments) > 0:
-		return nil, kindf(errPrecondition, "volume %s is still attached to %s; ControllerUnpublishVolume it first", id, nodesOf(v))
+		return nil, volspec.Errorf(volspec.ErrPrecondition, "volume %s is still attached to %s; ControllerUnpublishVolume it first", id, nodesOf(v))
 	}
 	if q != p {
 		// A moved volume: its files where it lives first, then the
@@ -360,7 +361,7 @@ func unreadableDeletable(p *pool.Pool, id pool.VolumeID, readErr error) error {
 		served = fmt.Sprintf("the nodes of pool %s cannot be listed (%v)", p.Name, err)
 	}
 	record := p.Path + "/volumes/" + id.Hash + ".json"
-	return kindf(errPrecondition,
+	return volspec.Errorf(volspec.ErrPrecondition,
 		"volume %s was not deleted: its record cannot be read (%v), so loopvol cannot tell whether it is attached, and %s and may have it staged. "+
 			"Check on each of them that no loop device uses %s (losetup -j %s), then move the record aside (mv %s %s.unreadable) and retry: DeleteVolume then removes the image",
 		id, readErr, served, p.ImagePath(id), p.ImagePath(id), record, record)

@@ -14,8 +14,9 @@
 // another pool of its zone; every lookup by ID goes through its home pool's
 // record (locate, settle). docs/snapshots.md has the whole.
 //
-// Errors are plain wrapped errors inside: pkg/pool's sentinels and this
-// package's kinds (errors.go). toStatus turns them into gRPC codes in one
-// place, at the edge of every RPC (rpc.go, which also writes down the lock
-// order).
+// Errors are plain wrapped errors inside: pkg/pool's sentinels and the
+// kinds of pkg/volspec, the vocabulary this package shares with pkg/node
+// (with the topology key, the filesystems and the access-mode rules).
+// toStatus (errors.go) turns them into gRPC codes in one place, at the edge
+// of every RPC (rpc.go, which also writes down the lock order).
 package controller

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/loopvol/loopvol/pkg/pool"
+	"github.com/loopvol/loopvol/pkg/volspec"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -19,12 +20,12 @@ func TestToStatus(t *testing.T) {
 	}{
 		{"invalid", invalid("name is required"), codes.InvalidArgument},
 		{"invalid wrapping a pool error", invalid("parameter: %w", pool.ErrNoSpace), codes.InvalidArgument},
-		{"kind wins over a wrapped sentinel", kindf(errNotFound, "node: %w", pool.ErrInvalidID), codes.NotFound},
-		{"exists", kindf(errExists, "x"), codes.AlreadyExists},
-		{"precondition", kindf(errPrecondition, "x"), codes.FailedPrecondition},
-		{"no space", kindf(errNoSpace, "x"), codes.ResourceExhausted},
+		{"kind wins over a wrapped sentinel", volspec.Errorf(volspec.ErrNotFound, "node: %w", pool.ErrInvalidID), codes.NotFound},
+		{"exists", volspec.Errorf(volspec.ErrExists, "x"), codes.AlreadyExists},
+		{"precondition", volspec.Errorf(volspec.ErrPrecondition, "x"), codes.FailedPrecondition},
+		{"no space", volspec.Errorf(volspec.ErrNoSpace, "x"), codes.ResourceExhausted},
 		{"out of range", outOfRange("x"), codes.OutOfRange},
-		{"busy", kindf(errBusy, "x"), codes.Aborted},
+		{"busy", volspec.Errorf(volspec.ErrBusy, "x"), codes.Aborted},
 		{"pool busy, wrapped twice", fmt.Errorf("a: %w", fmt.Errorf("b: %w", pool.ErrBusy)), codes.Aborted},
 		{"pool not found", fmt.Errorf("v: %w", pool.ErrNotFound), codes.NotFound},
 		{"pool invalid ID", pool.ErrInvalidID, codes.NotFound},

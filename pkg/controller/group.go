@@ -10,6 +10,7 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/loopvol/loopvol/pkg/pool"
+	"github.com/loopvol/loopvol/pkg/volspec"
 	"google.golang.org/protobuf/types/known/timestamppb"
 	"k8s.io/klog/v2"
 )
@@ -102,7 +103,7 @@ func (s *Server) createGroup(ctx context.Context, req *csi.CreateVolumeGroupSnap
 			return nil, invalid("source_volume_ids name volume %s twice", vid)
 		}
 		if p != nil && q != p {
-			return nil, kindf(errPrecondition, "the volumes of a group snapshot must be in one pool: %s is in pool %s, %s in pool %s",
+			return nil, volspec.Errorf(volspec.ErrPrecondition, "the volumes of a group snapshot must be in one pool: %s is in pool %s, %s in pool %s",
 				members[0].id, p.Name, id, q.Name)
 		}
 		p = q
@@ -112,7 +113,7 @@ func (s *Server) createGroup(ctx context.Context, req *csi.CreateVolumeGroupSnap
 
 	unlock, ok := s.groupNames.tryLock(name)
 	if !ok {
-		return nil, kindf(errBusy, "a CreateVolumeGroupSnapshot for %q is in progress", name)
+		return nil, volspec.Errorf(volspec.ErrBusy, "a CreateVolumeGroupSnapshot for %q is in progress", name)
 	}
 	defer unlock()
 	unlockAll, err := s.lockGroupName(name)
@@ -126,7 +127,7 @@ func (s *Server) createGroup(ctx context.Context, req *csi.CreateVolumeGroupSnap
 	}
 	if g != nil && g.ReadyToUse {
 		if q != p || !sameSet(g.SourceVolumeIDs, req.GetSourceVolumeIds()) {
-			return nil, kindf(errExists, "group snapshot %q exists as %s, of volumes %s", name, g.ID, strings.Join(g.SourceVolumeIDs, ", "))
+			return nil, volspec.Errorf(volspec.ErrExists, "group snapshot %q exists as %s, of volumes %s", name, g.ID, strings.Join(g.SourceVolumeIDs, ", "))
 		}
 		return s.groupAnswer(q, g)
 	}
@@ -161,7 +162,7 @@ func (s *Server) createGroup(ctx context.Context, req *csi.CreateVolumeGroupSnap
 			return nil, err
 		}
 		if q != p {
-			return nil, kindf(errBusy, "volume %s moved to pool %s while the group snapshot was being prepared; retry", order[i].id, q.Name)
+			return nil, volspec.Errorf(volspec.ErrBusy, "volume %s moved to pool %s while the group snapshot was being prepared; retry", order[i].id, q.Name)
 		}
 	}
 	g = &pool.Group{ID: gid.String(), Name: name, SourceVolumeIDs: slices.Clone(req.GetSourceVolumeIds()),
@@ -275,7 +276,7 @@ func (s *Server) csiGroup(p *pool.Pool, g *pool.Group) (*csi.VolumeGroupSnapshot
 			continue // not made yet
 		}
 		if err != nil {
-			return nil, kindf(errPrecondition, "group snapshot %s: member %s: %w", g.ID, sid, err)
+			return nil, volspec.Errorf(volspec.ErrPrecondition, "group snapshot %s: member %s: %w", g.ID, sid, err)
 		}
 		vgs.ReadyToUse = vgs.ReadyToUse && snap.ReadyToUse
 		vgs.Snapshots = append(vgs.Snapshots, csiSnapshot(p, snap))
@@ -288,11 +289,11 @@ func (s *Server) csiGroup(p *pool.Pool, g *pool.Group) (*csi.VolumeGroupSnapshot
 func (s *Server) lookupGroup(groupID string) (*pool.Pool, pool.GroupID, error) {
 	id, err := pool.ParseGroupID(groupID)
 	if err != nil {
-		return nil, id, kindf(errNotFound, "group snapshot %q does not exist: %w", groupID, err)
+		return nil, id, volspec.Errorf(volspec.ErrNotFound, "group snapshot %q does not exist: %w", groupID, err)
 	}
 	p, ok := s.pools[id.Pool]
 	if !ok {
-		return nil, id, kindf(errNotFound, "group snapshot %q does not exist: no pool %q", groupID, id.Pool)
+		return nil, id, volspec.Errorf(volspec.ErrNotFound, "group snapshot %q does not exist: no pool %q", groupID, id.Pool)
 	}
 	return p, id, nil
 }

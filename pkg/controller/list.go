@@ -8,6 +8,7 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/loopvol/loopvol/pkg/pool"
+	"github.com/loopvol/loopvol/pkg/volspec"
 	"k8s.io/klog/v2"
 )
 
@@ -45,7 +46,7 @@ func page(ids []pool.VolumeID, token string, maxEntries int32) ([]pool.VolumeID,
 	start := 0
 	if token != "" {
 		if _, err := pool.ParseVolumeID(token); err != nil {
-			return nil, "", kindf(errBusy, "starting_token %q was not issued by loopvol", token)
+			return nil, "", volspec.Errorf(volspec.ErrBusy, "starting_token %q was not issued by loopvol", token)
 		}
 		start = sort.Search(len(ids), func(i int) bool { return ids[i].String() > token })
 	}

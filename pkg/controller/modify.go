@@ -8,6 +8,7 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/loopvol/loopvol/pkg/pool"
+	"github.com/loopvol/loopvol/pkg/volspec"
 	"k8s.io/klog/v2"
 )
 
@@ -141,7 +142,7 @@ func (s *Server) controllerModifyVolume(ctx context.Context, req *csi.Controller
 					MutablePool, v.ID, home.Zone, to.Name, to.Zone)
 			}
 			if len(v.Attachments) > 0 {
-				return kindf(errPrecondition, "mutable parameter %q: volume %s is published to %s; it moves to pool %s only once it is unpublished from every node",
+				return volspec.Errorf(volspec.ErrPrecondition, "mutable parameter %q: volume %s is published to %s; it moves to pool %s only once it is unpublished from every node",
 					MutablePool, v.ID, strings.Join(nodesOf(v), ", "), to.Name)
 			}
 		}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/loopvol/loopvol/pkg/pool"
+	"github.com/loopvol/loopvol/pkg/volspec"
 	"k8s.io/klog/v2"
 )
 
@@ -32,7 +33,7 @@ func (s *Server) controllerPublishVolume(ctx context.Context, req *csi.Controlle
 	err = s.withVolume(req.GetVolumeId(), func(p *pool.Pool, v *pool.Volume) error {
 		rec, err := p.ReadNode(node)
 		if errors.Is(err, pool.ErrNotFound) || errors.Is(err, pool.ErrInvalidID) {
-			return kindf(errNotFound, "node %q does not serve pool %s (no node plugin has registered it)", node, p.Name)
+			return volspec.Errorf(volspec.ErrNotFound, "node %q does not serve pool %s (no node plugin has registered it)", node, p.Name)
 		}
 		if err != nil {
 			return err
@@ -43,7 +44,7 @@ func (s *Server) controllerPublishVolume(ctx context.Context, req *csi.Controlle
 		pubCtx = map[string]string{ContextNode: node, ContextReadOnly: strconv.FormatBool(readOnly), ContextAccessType: v.AccessType}
 		if a, ok := v.AttachedTo(node); ok {
 			if a.ReadOnly != readOnly {
-				return kindf(errExists, "volume %s is attached to node %s with readonly=%t; detach it before publishing with readonly=%t", v.ID, node, a.ReadOnly, readOnly)
+				return volspec.Errorf(volspec.ErrExists, "volume %s is attached to node %s with readonly=%t; detach it before publishing with readonly=%t", v.ID, node, a.ReadOnly, readOnly)
 			}
 			return nil
 		}
@@ -62,7 +63,7 @@ func (s *Server) controllerPublishVolume(ctx context.Context, req *csi.Controlle
 				return err
 			}
 			if int64(n) >= rec.MaxVolumes {
-				return kindf(errNoSpace, "node %s has %d volumes attached, its limit", node, n)
+				return volspec.Errorf(volspec.ErrNoSpace, "node %s has %d volumes attached, its limit", node, n)
 			}
 		}
 		v.Attachments = append(v.Attachments, pool.Attachment{Node: node, ReadOnly: readOnly})
@@ -84,29 +85,26 @@ func (s *Server) controllerPublishVolume(ctx context.Context, req *csi.Controlle
 // MULTI_NODE_MULTI_WRITER (block only) many of anything. The mode must be one
 // the volume was created with, so nobody widens it at publish time.
 func checkSharing(v *pool.Volume, mode string, readOnly bool) error {
-	if mode != csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER.String() &&
-		mode != csi.VolumeCapability_AccessMode_SINGLE_NODE_READER_ONLY.String() &&
-		mode != csi.VolumeCapability_AccessMode_SINGLE_NODE_SINGLE_WRITER.String() &&
-		mode != csi.VolumeCapability_AccessMode_SINGLE_NODE_MULTI_WRITER.String() &&
-		!slices.Contains(v.AccessModes, mode) {
+	m := csi.VolumeCapability_AccessMode_Mode(csi.VolumeCapability_AccessMode_Mode_value[mode])
+	if !volspec.SingleNodeAccessMode(m) && !slices.Contains(v.AccessModes, mode) {
 		return invalid("volume %s was created for %v; it cannot be published as %s", v.ID, v.AccessModes, mode)
 	}
 	if len(v.Attachments) == 0 {
 		return nil
 	}
 	others := nodesOf(v)
-	switch csi.VolumeCapability_AccessMode_Mode(csi.VolumeCapability_AccessMode_Mode_value[mode]) {
+	switch m {
 	case csi.VolumeCapability_AccessMode_MULTI_NODE_READER_ONLY:
 		if !readOnly || slices.ContainsFunc(v.Attachments, func(a pool.Attachment) bool { return !a.ReadOnly }) {
-			return kindf(errPrecondition, "volume %s is attached to %v; MULTI_NODE_READER_ONLY shares it only read-only", v.ID, others)
+			return volspec.Errorf(volspec.ErrPrecondition, "volume %s is attached to %v; MULTI_NODE_READER_ONLY shares it only read-only", v.ID, others)
 		}
 	case csi.VolumeCapability_AccessMode_MULTI_NODE_SINGLE_WRITER:
 		if !readOnly && slices.ContainsFunc(v.Attachments, func(a pool.Attachment) bool { return !a.ReadOnly }) {
-			return kindf(errPrecondition, "volume %s already has a writer among %v; MULTI_NODE_SINGLE_WRITER allows one", v.ID, others)
+			return volspec.Errorf(volspec.ErrPrecondition, "volume %s already has a writer among %v; MULTI_NODE_SINGLE_WRITER allows one", v.ID, others)
 		}
 	case csi.VolumeCapability_AccessMode_MULTI_NODE_MULTI_WRITER:
 	default:
-		return kindf(errPrecondition, "volume %s is attached to node %v; %s allows a single node", v.ID, others, mode)
+		return volspec.Errorf(volspec.ErrPrecondition, "volume %s is attached to node %v; %s allows a single node", v.ID, others, mode)
 	}
 	return nil
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/loopvol/loopvol/pkg/pool"
+	"github.com/loopvol/loopvol/pkg/volspec"
 	"google.golang.org/protobuf/types/known/timestamppb"
 	"k8s.io/klog/v2"
 )
@@ -70,11 +71,11 @@ func (s *Server) createSnapshot(ctx context.Context, req *csi.CreateSnapshotRequ
 	// where they were taken.
 	p := home.Resident(srcID, s.peer)
 	if !reachable(req.GetAccessibilityRequirements(), p) {
-		return nil, kindf(errNoSpace, "volume %s lives in zone %s, outside the accessibility requirements of the snapshot: its snapshot can only be there", srcID, p.Zone)
+		return nil, volspec.Errorf(volspec.ErrNoSpace, "volume %s lives in zone %s, outside the accessibility requirements of the snapshot: its snapshot can only be there", srcID, p.Zone)
 	}
 	unlock, ok := s.snapNames.tryLock(req.GetName())
 	if !ok {
-		return nil, kindf(errBusy, "a CreateSnapshot for %q is in progress", req.GetName())
+		return nil, volspec.Errorf(volspec.ErrBusy, "a CreateSnapshot for %q is in progress", req.GetName())
 	}
 	defer unlock()
 	unlockAll, err := s.lockSnapshotName(req.GetName())
@@ -86,7 +87,7 @@ func (s *Server) createSnapshot(ctx context.Context, req *csi.CreateSnapshotRequ
 	if err != nil {
 		return nil, err
 	} else if found != nil && found.SourceVolumeID != srcID.String() {
-		return nil, kindf(errExists, "snapshot %q exists as %s, of volume %s", req.GetName(), found.ID, found.SourceVolumeID)
+		return nil, volspec.Errorf(volspec.ErrExists, "snapshot %q exists as %s, of volume %s", req.GetName(), found.ID, found.SourceVolumeID)
 	} else if found != nil && found.ReadyToUse && q != p {
 		// Taken before its volume moved: it stays in its pool.
 		return &csi.CreateSnapshotResponse{Snapshot: csiSnapshot(q, found)}, nil
@@ -102,7 +103,7 @@ func (s *Server) createSnapshot(ctx context.Context, req *csi.CreateSnapshotRequ
 	var snap *pool.Snapshot
 	err = s.withVolume(srcID.String(), func(q *pool.Pool, v *pool.Volume) error {
 		if q != p {
-			return kindf(errBusy, "volume %s moved to pool %s while the snapshot was being prepared; retry", srcID, q.Name)
+			return volspec.Errorf(volspec.ErrBusy, "volume %s moved to pool %s while the snapshot was being prepared; retry", srcID, q.Name)
 		}
 		logger := klog.FromContext(ctx)
 		last := int64(-1)
@@ -165,7 +166,7 @@ func csiSnapshot(p *pool.Pool, snap *pool.Snapshot) *csi.Snapshot {
 		SizeBytes:          snap.SizeBytes,
 		CreationTime:       timestamppb.New(snap.Created),
 		ReadyToUse:         snap.ReadyToUse,
-		AccessibleTopology: []*csi.Topology{{Segments: map[string]string{TopologyKey: p.Zone}}},
+		AccessibleTopology: []*csi.Topology{{Segments: map[string]string{volspec.TopologyKey: p.Zone}}},
 		GroupSnapshotId:    snap.Group,
 	}
 }
@@ -175,11 +176,11 @@ func csiSnapshot(p *pool.Pool, snap *pool.Snapshot) *csi.Snapshot {
 func (s *Server) lookupSnapshot(snapshotID string) (*pool.Pool, pool.SnapshotID, error) {
 	id, err := pool.ParseSnapshotID(snapshotID)
 	if err != nil {
-		return nil, id, kindf(errNotFound, "snapshot %q does not exist: %w", snapshotID, err)
+		return nil, id, volspec.Errorf(volspec.ErrNotFound, "snapshot %q does not exist: %w", snapshotID, err)
 	}
 	p, ok := s.pools[id.Pool]
 	if !ok {
-		return nil, id, kindf(errNotFound, "snapshot %q does not exist: no pool %q", snapshotID, id.Pool)
+		return nil, id, volspec.Errorf(volspec.ErrNotFound, "snapshot %q does not exist: no pool %q", snapshotID, id.Pool)
 	}
 	return p, id, nil
 }
@@ -270,7 +271,7 @@ func (s *Server) listSnapshots(_ context.Context, req *csi.ListSnapshotsRequest)
 	start := 0
 	if token := req.GetStartingToken(); token != "" {
 		if _, err := pool.ParseSnapshotID(token); err != nil {
-			return nil, kindf(errBusy, "starting_token %q was not issued by loopvol", token)
+			return nil, volspec.Errorf(volspec.ErrBusy, "starting_token %q was not issued by loopvol", token)
 		}
 		start = sort.Search(len(snaps), func(i int) bool { return snaps[i].SnapshotId > token })
 	}

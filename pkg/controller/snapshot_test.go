@@ -5,11 +5,14 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/loopvol/loopvol/pkg/pool"
+	"github.com/loopvol/loopvol/pkg/volspec"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
 )
 
-func zone(z string) *csi.Topology { return &csi.Topology{Segments: map[string]string{TopologyKey: z}} }
+func zone(z string) *csi.Topology {
+	return &csi.Topology{Segments: map[string]string{volspec.TopologyKey: z}}
+}
 
 func snapReq(name, source string) *csi.CreateSnapshotRequest {
 	return &csi.CreateSnapshotRequest{Name: name, SourceVolumeId: source}
@@ -43,7 +46,7 @@ func TestSnapshotTopology(t *testing.T) {
 		t.Fatalf("snapshot topology %v, want %v", topo, volZone)
 	}
 	otherZone := "z1"
-	if volZone.GetSegments()[TopologyKey] == "z1" {
+	if volZone.GetSegments()[volspec.TopologyKey] == "z1" {
 		otherZone = "z2"
 	}
 	req2 := snapReq("s2", vol.GetVolume().GetVolumeId())

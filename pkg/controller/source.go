@@ -3,6 +3,7 @@ package controller
 import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/loopvol/loopvol/pkg/pool"
+	"github.com/loopvol/loopvol/pkg/volspec"
 )
 
 // source is the snapshot or volume a CreateVolume restores or clones, locked
@@ -64,7 +65,7 @@ func (s *Server) lockSource(req *csi.CreateVolumeRequest, shape volumeShape) (*s
 		}
 		if !snap.ReadyToUse {
 			unlock()
-			return nil, kindf(errBusy, "snapshot %s is not ready to use yet", sid)
+			return nil, volspec.Errorf(volspec.ErrBusy, "snapshot %s is not ready to use yet", sid)
 		}
 		id, size, accessType, fsType = snap.ID, snap.SizeBytes, snap.AccessType, snap.FsType
 	case cs.GetVolume() != nil:
@@ -92,7 +93,7 @@ func (s *Server) lockSource(req *csi.CreateVolumeRequest, shape volumeShape) (*s
 		return nil, err
 	}
 	if !reachable(req.GetAccessibilityRequirements(), p) {
-		return fail(kindf(errNoSpace, "%s lives in pool %s of zone %s, outside the requisite topology %v: a volume from it can only be made there", id, p.Name, p.Zone, req.GetAccessibilityRequirements().GetRequisite()))
+		return fail(volspec.Errorf(volspec.ErrNoSpace, "%s lives in pool %s of zone %s, outside the requisite topology %v: a volume from it can only be made there", id, p.Name, p.Zone, req.GetAccessibilityRequirements().GetRequisite()))
 	}
 	if want, ok := req.GetParameters()[ParameterPool]; ok && want != p.Name {
 		return fail(invalid("parameter pool is %q, but %s lives in pool %s: a volume from it is made in its pool", want, id, p.Name))

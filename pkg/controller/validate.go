@@ -8,6 +8,7 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/loopvol/loopvol/pkg/pool"
+	"github.com/loopvol/loopvol/pkg/volspec"
 )
 
 const (
@@ -26,14 +27,12 @@ func minSize(accessType, fsType string) int64 {
 	switch {
 	case accessType == pool.AccessBlock:
 		return mib
-	case fsType == "xfs":
+	case fsType == volspec.FsXFS:
 		return 300 * mib
 	default:
 		return 16 * mib
 	}
 }
-
-var supportedFsTypes = map[string]bool{"ext4": true, "xfs": true}
 
 // validateName checks a CSI volume name: it only ever becomes a hash, but a
 // 10,000-byte name or one with control bytes is a caller bug worth reporting.
@@ -96,7 +95,7 @@ func validateCapability(c *csi.VolumeCapability, defaultFs string) (accessType, 
 		return "", "", "", fmt.Errorf("capability is empty")
 	}
 	m := c.GetAccessMode().GetMode()
-	if _, known := csi.VolumeCapability_AccessMode_Mode_name[int32(m)]; !known || m == csi.VolumeCapability_AccessMode_UNKNOWN {
+	if !volspec.KnownAccessMode(m) {
 		return "", "", "", fmt.Errorf("access mode %d is not supported", m)
 	}
 	mode = m.String()
@@ -109,10 +108,10 @@ func validateCapability(c *csi.VolumeCapability, defaultFs string) (accessType, 
 		if fsType == "" {
 			fsType = defaultFs
 		}
-		if !supportedFsTypes[fsType] {
-			return "", "", "", fmt.Errorf("filesystem %q is not supported (ext4 or xfs)", fsType)
+		if !volspec.SupportedFsType(fsType) {
+			return "", "", "", fmt.Errorf("filesystem %q is not supported (%s)", fsType, strings.Join(volspec.Filesystems, " or "))
 		}
-		if m == csi.VolumeCapability_AccessMode_MULTI_NODE_MULTI_WRITER {
+		if volspec.BlockOnlyAccessMode(m) {
 			return "", "", "", fmt.Errorf("MULTI_NODE_MULTI_WRITER is only offered for raw block volumes: ext4 and xfs are not cluster filesystems")
 		}
 	default:

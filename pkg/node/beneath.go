@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/loopvol/loopvol/pkg/volspec"
 )
 
 // Paths below the kubelet directory are resolved once, here, and every later
@@ -30,7 +32,7 @@ import (
 
 // errNotOwn: a path leads through or to something the driver does not put
 // there (a symbolic link, a file where a directory belongs, a device node).
-var errNotOwn = errors.New("path is not the driver's to use")
+var errNotOwn = volspec.NewKind(volspec.ErrInvalid, "path is not the driver's to use")
 
 // resolved is a path resolved beneath the kubelet directory. parent is an
 // O_PATH descriptor of the directory holding the object; fd one of the
@@ -107,7 +109,7 @@ func (r *resolved) reopen() error {
 func (n *node) resolve(p string, create bool) (*resolved, error) {
 	rel, ok := strings.CutPrefix(p, n.kubeletDir+"/")
 	if !ok || rel == "" {
-		return nil, kindf(errInvalid, "%s is not below the kubelet directory %s", p, n.kubeletDir)
+		return nil, volspec.Errorf(volspec.ErrInvalid, "%s is not below the kubelet directory %s", p, n.kubeletDir)
 	}
 	comps := strings.Split(rel, "/")
 	root, err := unix.Open(n.kubeletDir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
@@ -130,9 +132,9 @@ func (n *node) resolve(p string, create bool) (*resolved, error) {
 func pathError(p string, err error) error {
 	switch {
 	case errors.Is(err, unix.ENOENT):
-		return kindf(errPathMissing, "%s: %w", p, err)
+		return volspec.Errorf(errPathMissing, "%s: %w", p, err)
 	case errors.Is(err, unix.ELOOP), errors.Is(err, unix.ENOTDIR), errors.Is(err, unix.EXDEV):
-		return kindf(errNotOwn, "%s leads through a symbolic link or a non-directory: %w", p, err)
+		return volspec.Errorf(errNotOwn, "%s leads through a symbolic link or a non-directory: %w", p, err)
 	}
 	return fmt.Errorf("%s: %w", p, err)
 }
@@ -278,7 +280,7 @@ func mkdirTarget(r *resolved) (created bool, err error) {
 		}
 	}
 	if !r.isDir() {
-		return created, kindf(errNotOwn, "%s is not a directory (%s)", r.path, fileType(r.mode))
+		return created, volspec.Errorf(errNotOwn, "%s is not a directory (%s)", r.path, fileType(r.mode))
 	}
 	return created, nil
 }
@@ -300,7 +302,7 @@ func mkfileTarget(r *resolved) (created bool, err error) {
 		}
 	}
 	if !r.isFile() {
-		return created, kindf(errNotOwn, "%s is not a regular file (%s)", r.path, fileType(r.mode))
+		return created, volspec.Errorf(errNotOwn, "%s is not a regular file (%s)", r.path, fileType(r.mode))
 	}
 	return created, nil
 }

@@ -26,5 +26,7 @@
 // Server is a locking decorator: it validates a request, takes the volume's
 // lock without waiting (ABORTED when another call holds it) and hands the
 // request to the unlocked implementation. Errors are wrapped with %w inside
-// and turned into gRPC codes once, by toStatus.
+// and turned into gRPC codes once, by toStatus. Their kinds, the topology
+// key, the filesystems and the access-mode rules are pkg/volspec's, the
+// vocabulary this package shares with pkg/controller.
 package node

@@ -8,6 +8,7 @@ import (
 	mount "k8s.io/mount-utils"
 
 	"github.com/loopvol/loopvol/pkg/pool"
+	"github.com/loopvol/loopvol/pkg/volspec"
 )
 
 // expand implements NodeExpandVolume. The controller has grown the image
@@ -29,7 +30,7 @@ func (n *node) expand(ctx context.Context, a expandArgs) (int64, error) {
 		return 0, err
 	}
 	if !found {
-		return 0, kindf(errNotStaged, "volume %s has no loop device on node %s", a.id, n.NodeID)
+		return 0, volspec.Errorf(errNotStaged, "volume %s has no loop device on node %s", a.id, n.NodeID)
 	}
 	if err := n.Loop.Resize(dev); err != nil {
 		return 0, fmt.Errorf("volume %s: %w", a.id, err)
@@ -39,7 +40,7 @@ func (n *node) expand(ctx context.Context, a expandArgs) (int64, error) {
 		return 0, fmt.Errorf("volume %s: %w", a.id, err)
 	}
 	if a.required > size {
-		return 0, kindf(errOutOfRange, "volume %s: image is %d bytes, less than the %d asked for (ControllerExpandVolume first)", a.id, size, a.required)
+		return 0, volspec.Errorf(volspec.ErrOutOfRange, "volume %s: image is %d bytes, less than the %d asked for (ControllerExpandVolume first)", a.id, size, a.required)
 	}
 	if v.AccessType == pool.AccessBlock {
 		logger.V(2).Info("Expanded block volume", "device", dev, "sizeBytes", size)
@@ -71,7 +72,7 @@ func (n *node) expand(ctx context.Context, a expandArgs) (int64, error) {
 		}
 	}
 	if path == "" {
-		return 0, kindf(errPathMissing, "volume %s is not mounted at %s", a.id, a.volumePath)
+		return 0, volspec.Errorf(errPathMissing, "volume %s is not mounted at %s", a.id, a.volumePath)
 	}
 	r := mount.NewResizeFs(n.withContext(ctx).Exec)
 	need, err := r.NeedResize(dev, path)

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/loopvol/loopvol/pkg/pool"
+	"github.com/loopvol/loopvol/pkg/volspec"
 )
 
 // TestUnpublishLeavesWhatIsNotItsOwn: NodeUnpublishVolume with a target
@@ -240,10 +241,10 @@ func TestMountDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := o.withDefaults(fsXFS).data(); got != "nouuid" {
+	if got := o.withDefaults(volspec.FsXFS).data(); got != "nouuid" {
 		t.Errorf("xfs data = %q, want nouuid", got)
 	}
-	if got := o.withDefaults(fsXFS).strings(); !slices.Equal(got, []string{"noatime", "nouuid"}) {
+	if got := o.withDefaults(volspec.FsXFS).strings(); !slices.Equal(got, []string{"noatime", "nouuid"}) {
 		t.Errorf("xfs options = %v", got)
 	}
 	if len(o) != 1 {
@@ -253,10 +254,10 @@ func TestMountDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := given.withDefaults(fsXFS).strings(); !slices.Equal(got, []string{"nouuid"}) {
+	if got := given.withDefaults(volspec.FsXFS).strings(); !slices.Equal(got, []string{"nouuid"}) {
 		t.Errorf("xfs options with nouuid given = %v", got)
 	}
-	if got := o.withDefaults(fsExt4).strings(); !slices.Equal(got, []string{"noatime"}) {
+	if got := o.withDefaults(volspec.FsExt4).strings(); !slices.Equal(got, []string{"noatime"}) {
 		t.Errorf("ext4 options = %v", got)
 	}
 }
@@ -320,7 +321,7 @@ func FuzzMountFlags(f *testing.F) {
 	f.Fuzz(func(t *testing.T, flag string) {
 		o, err := parseMountFlags([]string{flag})
 		if err != nil {
-			if !errors.Is(err, errInvalid) {
+			if !errors.Is(err, volspec.ErrInvalid) {
 				t.Fatalf("parseMountFlags(%q) = %v, not INVALID_ARGUMENT", flag, err)
 			}
 			return

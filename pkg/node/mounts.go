@@ -13,6 +13,8 @@ import (
 	"golang.org/x/sys/unix"
 	mount "k8s.io/mount-utils"
 	utilexec "k8s.io/utils/exec"
+
+	"github.com/loopvol/loopvol/pkg/volspec"
 )
 
 // mountEntry is one mount of the mount table.
@@ -478,7 +480,7 @@ func (n *node) unmountAll(r *resolved, dev string) (int, error) {
 			return i, err
 		}
 		if e.path != r.path || !n.mountedFrom(e, dev) {
-			return i, kindf(errInUse, "%s is mounted from %s, not from the volume's device %s: not unmounting it", r.path, e.source, dev)
+			return i, volspec.Errorf(errInUse, "%s is mounted from %s, not from the volume's device %s: not unmounting it", r.path, e.source, dev)
 		}
 		// The descriptor on the mount would keep it busy.
 		r.closeFd()
@@ -515,7 +517,7 @@ func (n *node) checkMounted(r *resolved, dev string) error {
 		return fmt.Errorf("%s: mounted from %s after the mount, not from %s", r.path, e.source, dev)
 	case e.path != r.path:
 		_, _ = n.unmountAll(r, dev)
-		return kindf(errNotOwn, "%s moved to %s while it was being mounted; unmounted it again", r.path, e.path)
+		return volspec.Errorf(errNotOwn, "%s moved to %s while it was being mounted; unmounted it again", r.path, e.path)
 	}
 	return nil
 }

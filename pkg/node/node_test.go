@@ -20,6 +20,7 @@ import (
 
 	"github.com/loopvol/loopvol/pkg/loop/looptest"
 	"github.com/loopvol/loopvol/pkg/pool"
+	"github.com/loopvol/loopvol/pkg/volspec"
 )
 
 const (
@@ -277,7 +278,7 @@ func TestInfoAndCapabilities(t *testing.T) {
 		t.Fatal(err)
 	}
 	if info.GetNodeId() != testNode || info.GetMaxVolumesPerNode() != 16 ||
-		info.GetAccessibleTopology().GetSegments()[TopologyKey] != testZone {
+		info.GetAccessibleTopology().GetSegments()[volspec.TopologyKey] != testZone {
 		t.Errorf("NodeGetInfo = %v", info)
 	}
 	caps, err := f.srv.NodeGetCapabilities(f.ctx, &csi.NodeGetCapabilitiesRequest{})

@@ -7,6 +7,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/loopvol/loopvol/pkg/volspec"
 )
 
 // Mount flags (volume_capability.mount.mount_flags, a StorageClass's
@@ -60,8 +62,8 @@ var (
 	dataMode     = regexp.MustCompile(`^(journal|ordered|writeback)$`)
 	errorsMode   = regexp.MustCompile(`^(continue|remount-ro)$`)
 	seLinuxLabel = regexp.MustCompile(`^("[A-Za-z0-9_.:,-]{1,255}"|[A-Za-z0-9_.:-]{1,255})$`)
-	ext4Only     = []string{fsExt4}
-	xfsOnly      = []string{fsXFS}
+	ext4Only     = []string{volspec.FsExt4}
+	xfsOnly      = []string{volspec.FsXFS}
 )
 
 // allowedOptions is the allowlist. Refused on purpose, among others:
@@ -167,7 +169,7 @@ func parseMountFlags(flags []string) (mountOptions, error) {
 	var out mountOptions
 	for _, f := range flags {
 		if !singleMountOption(f) {
-			return nil, kindf(errInvalid, "volume_capability.mount.mount_flags: %q is not a single mount option", f)
+			return nil, volspec.Errorf(volspec.ErrInvalid, "volume_capability.mount.mount_flags: %q is not a single mount option", f)
 		}
 		name, value, hasValue := strings.Cut(f, "=")
 		// An option that takes a value is listed as "name=".
@@ -179,13 +181,13 @@ func parseMountFlags(flags []string) (mountOptions, error) {
 		_, otherForm := allowedOptions[other]
 		switch {
 		case !ok && otherForm && hasValue:
-			return nil, kindf(errInvalid, "volume_capability.mount.mount_flags: %q: %s takes no value", f, name)
+			return nil, volspec.Errorf(volspec.ErrInvalid, "volume_capability.mount.mount_flags: %q: %s takes no value", f, name)
 		case !ok && otherForm:
-			return nil, kindf(errInvalid, "volume_capability.mount.mount_flags: %q needs a value", f)
+			return nil, volspec.Errorf(volspec.ErrInvalid, "volume_capability.mount.mount_flags: %q needs a value", f)
 		case !ok:
-			return nil, kindf(errInvalid, "volume_capability.mount.mount_flags: %q is not an accepted mount option (see docs/mount-options.md)", f)
+			return nil, volspec.Errorf(volspec.ErrInvalid, "volume_capability.mount.mount_flags: %q is not an accepted mount option (see docs/mount-options.md)", f)
 		case hasValue && !spec.value.MatchString(value):
-			return nil, kindf(errInvalid, "volume_capability.mount.mount_flags: %q: the value %q is not accepted for %s", f, value, name)
+			return nil, volspec.Errorf(volspec.ErrInvalid, "volume_capability.mount.mount_flags: %q: the value %q is not accepted for %s", f, value, name)
 		}
 		out = append(out, mountOption{raw: f, name: key, spec: spec})
 	}
@@ -200,11 +202,11 @@ func (o mountOptions) forMount(fsType string, readOnly bool) error {
 	for _, opt := range o {
 		switch {
 		case opt.name == "rw" && readOnly:
-			return kindf(errInvalid, "volume_capability.mount.mount_flags: rw contradicts a read-only volume (readonly, the access mode or a read-only attachment)")
+			return volspec.Errorf(volspec.ErrInvalid, "volume_capability.mount.mount_flags: rw contradicts a read-only volume (readonly, the access mode or a read-only attachment)")
 		case opt.name == "ro" && !readOnly:
-			return kindf(errInvalid, "volume_capability.mount.mount_flags: ro on a writable volume: ask for read-only with readonly or a reader-only access mode")
+			return volspec.Errorf(volspec.ErrInvalid, "volume_capability.mount.mount_flags: ro on a writable volume: ask for read-only with readonly or a reader-only access mode")
 		case opt.spec.fs != nil && fsType != "" && !contains(opt.spec.fs, fsType):
-			return kindf(errInvalid, "volume_capability.mount.mount_flags: %q is not an option of %s", opt.raw, fsType)
+			return volspec.Errorf(volspec.ErrInvalid, "volume_capability.mount.mount_flags: %q is not an option of %s", opt.raw, fsType)
 		}
 	}
 	return nil
@@ -283,7 +285,7 @@ func (o mountOptions) mountAttrs(readOnly bool) (set, clr uint64) {
 // filesystems by UUID; regenerating it instead (xfs_admin -U) would need
 // the copied log clean, which a snapshot of a mounted volume's is not.
 func (o mountOptions) withDefaults(fsType string) mountOptions {
-	if fsType != fsXFS || slices.ContainsFunc(o, func(opt mountOption) bool { return opt.name == "nouuid" }) {
+	if fsType != volspec.FsXFS || slices.ContainsFunc(o, func(opt mountOption) bool { return opt.name == "nouuid" }) {
 		return o
 	}
 	return append(slices.Clip(o), mountOption{raw: "nouuid", name: "nouuid", spec: allowedOptions["nouuid"]})

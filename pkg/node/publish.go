@@ -10,6 +10,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/loopvol/loopvol/pkg/pool"
+	"github.com/loopvol/loopvol/pkg/volspec"
 )
 
 // publish implements NodePublishVolume: a bind mount of the staging path
@@ -27,7 +28,7 @@ func (n *node) publish(ctx context.Context, a publishArgs) error {
 		return err
 	}
 	if !found {
-		return kindf(errNotStaged, "volume %s has no loop device on node %s (NodeStageVolume first)", a.id, n.NodeID)
+		return volspec.Errorf(errNotStaged, "volume %s has no loop device on node %s (NodeStageVolume first)", a.id, n.NodeID)
 	}
 	// Read-only is decided here, by the request and the attachment; a
 	// mount flag can neither clear it nor set it (forMount refuses both).
@@ -47,10 +48,10 @@ func (n *node) publish(ctx context.Context, a publishArgs) error {
 	}
 	if mounted {
 		if mp.path != target.path || !n.mountedFrom(mp, dev) {
-			return kindf(errConflict, "target path %s is already mounted from %s, not from volume %s", target.path, mp.source, a.id)
+			return volspec.Errorf(errConflict, "target path %s is already mounted from %s, not from volume %s", target.path, mp.source, a.id)
 		}
 		if mp.readOnly() != readOnly {
-			return kindf(errConflict, "volume %s is already published at %s with read-only %t", a.id, target.path, !readOnly)
+			return volspec.Errorf(errConflict, "volume %s is already published at %s with read-only %t", a.id, target.path, !readOnly)
 		}
 		logger.V(4).Info("Volume was already published", "targetPath", target.path)
 		return nil
@@ -60,7 +61,7 @@ func (n *node) publish(ctx context.Context, a publishArgs) error {
 	if !a.cap.block {
 		staging, err := n.resolve(a.staging, false)
 		if errors.Is(err, errPathMissing) || errors.Is(err, errNotOwn) {
-			return kindf(errNotStaged, "volume %s is not mounted on staging path %s (NodeStageVolume first): %w", a.id, a.staging, err)
+			return volspec.Errorf(errNotStaged, "volume %s is not mounted on staging path %s (NodeStageVolume first): %w", a.id, a.staging, err)
 		}
 		if err != nil {
 			return err
@@ -71,7 +72,7 @@ func (n *node) publish(ctx context.Context, a publishArgs) error {
 			return err
 		}
 		if !staged || smp.path != staging.path || !n.mountedFrom(smp, dev) {
-			return kindf(errNotStaged, "volume %s is not mounted on staging path %s (NodeStageVolume first)", a.id, staging.path)
+			return volspec.Errorf(errNotStaged, "volume %s is not mounted on staging path %s (NodeStageVolume first)", a.id, staging.path)
 		}
 		src.staging = staging
 	}
@@ -82,7 +83,7 @@ func (n *node) publish(ctx context.Context, a publishArgs) error {
 			return err
 		}
 		if len(users) > 0 {
-			return kindf(errInUse, "volume %s is single-writer and already published at %v", a.id, users)
+			return volspec.Errorf(errInUse, "volume %s is single-writer and already published at %v", a.id, users)
 		}
 	}
 
@@ -163,7 +164,7 @@ func (n *node) unpublish(ctx context.Context, a unpublishArgs) error {
 		}
 	}
 	if !found || mp.path != target.path || !n.mountedFrom(mp, dev) {
-		return kindf(errInUse, "target path %s is mounted from %s, not from volume %s: not unmounting it", target.path, mp.source, a.id)
+		return volspec.Errorf(errInUse, "target path %s is mounted from %s, not from volume %s: not unmounting it", target.path, mp.source, a.id)
 	}
 	file := target.isFile() || target.mode == unix.S_IFBLK
 	if _, err := n.unmountAll(target, dev); err != nil {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/loopvol/loopvol/pkg/pool"
+	"github.com/loopvol/loopvol/pkg/volspec"
 )
 
 // node is the unlocked implementation of the Node service; Server locks.
@@ -46,7 +47,7 @@ func (n *node) attachedVolume(id pool.VolumeID) (*pool.Pool, *pool.Volume, pool.
 	}
 	att, ok := v.AttachedTo(n.NodeID)
 	if !ok {
-		return nil, nil, pool.Attachment{}, kindf(errNotAttached, "volume %s is not attached to node %s (ControllerPublishVolume first)", id, n.NodeID)
+		return nil, nil, pool.Attachment{}, volspec.Errorf(errNotAttached, "volume %s is not attached to node %s (ControllerPublishVolume first)", id, n.NodeID)
 	}
 	return p, v, att, nil
 }
@@ -71,10 +72,10 @@ func checkAccessType(v *pool.Volume, c capability) error {
 		if c.block {
 			want = "block"
 		}
-		return kindf(errInvalid, "volume %s has access type %s, the request asks for %s", v.ID, v.AccessType, want)
+		return volspec.Errorf(volspec.ErrInvalid, "volume %s has access type %s, the request asks for %s", v.ID, v.AccessType, want)
 	}
 	if !c.block && c.fsType != "" && v.FsType != "" && c.fsType != v.FsType {
-		return kindf(errInvalid, "volume %s has filesystem %s, the request asks for %s", v.ID, v.FsType, c.fsType)
+		return volspec.Errorf(volspec.ErrInvalid, "volume %s has filesystem %s, the request asks for %s", v.ID, v.FsType, c.fsType)
 	}
 	return nil
 }

@@ -14,11 +14,8 @@ import (
 
 	"github.com/loopvol/loopvol/pkg/loop"
 	"github.com/loopvol/loopvol/pkg/pool"
+	"github.com/loopvol/loopvol/pkg/volspec"
 )
-
-// TopologyKey is the topology segment key of loopvol: the zone of the pools
-// a node serves.
-const TopologyKey = "topology.loopvol.csi.io/zone"
 
 // Config is everything the node service needs. System access (loop devices,
 // mounts, commands) is injected so that unit tests can fake it.
@@ -141,7 +138,7 @@ func (s *Server) lock(id pool.VolumeID) (unlock func(), err error) {
 	v, _ := s.locks.LoadOrStore(id.String(), &sync.Mutex{})
 	mu := v.(*sync.Mutex)
 	if !mu.TryLock() {
-		return nil, kindf(errBusy, "volume %s: %w", id, errBusy)
+		return nil, volspec.Errorf(volspec.ErrBusy, "volume %s: another operation on this volume is in progress", id)
 	}
 	return mu.Unlock, nil
 }
@@ -247,7 +244,7 @@ func (s *Server) NodeGetInfo(context.Context, *csi.NodeGetInfoRequest) (*csi.Nod
 	return &csi.NodeGetInfoResponse{
 		NodeId:             s.node.NodeID,
 		MaxVolumesPerNode:  s.node.MaxVolumes,
-		AccessibleTopology: &csi.Topology{Segments: map[string]string{TopologyKey: s.node.Zone}},
+		AccessibleTopology: &csi.Topology{Segments: map[string]string{volspec.TopologyKey: s.node.Zone}},
 	}, nil
 }
 

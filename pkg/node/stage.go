@@ -13,6 +13,7 @@ import (
 
 	"github.com/loopvol/loopvol/pkg/loop"
 	"github.com/loopvol/loopvol/pkg/pool"
+	"github.com/loopvol/loopvol/pkg/volspec"
 )
 
 // formatOptions are the mkfs options per filesystem, before mount-utils'
@@ -29,8 +30,8 @@ import (
 // 8 GiB volume wrote 54 MiB in the 20 s after its mount, under the pod's
 // first I/O; with assume_storage_prezeroed, nothing.
 var formatOptions = map[string][]string{
-	fsExt4: {"-E", "nodiscard,assume_storage_prezeroed=1"},
-	fsXFS:  {"-K"},
+	volspec.FsExt4: {"-E", "nodiscard,assume_storage_prezeroed=1"},
+	volspec.FsXFS:  {"-K"},
 }
 
 // stage implements NodeStageVolume.
@@ -46,7 +47,7 @@ func (n *node) stage(ctx context.Context, a stageArgs) error {
 		fsType = v.FsType
 	}
 	if fsType == "" {
-		fsType = fsExt4
+		fsType = volspec.DefaultFsType
 	}
 	if err := a.cap.mountOpts.forMount(fsType, readOnly); err != nil {
 		return err
@@ -76,7 +77,7 @@ func (n *node) stage(ctx context.Context, a stageArgs) error {
 				logger.V(4).Info("Volume was already staged", "stagingTargetPath", staging.path, "device", dev)
 				return n.growAfterStage(ctx, v, dev, staging, readOnly) // a growth that failed before
 			}
-			return kindf(errConflict, "staging path %s is already mounted from %s, not from volume %s", staging.path, mp.source, a.id)
+			return volspec.Errorf(errConflict, "staging path %s is already mounted from %s, not from volume %s", staging.path, mp.source, a.id)
 		}
 	}
 
@@ -95,7 +96,7 @@ func (n *node) stage(ctx context.Context, a stageArgs) error {
 		return err
 	}
 	start := time.Now()
-	if fsType == fsExt4 {
+	if fsType == volspec.FsExt4 {
 		if err := n.growExt4BeforeMount(ctx, dev, readOnly); err != nil {
 			return fmt.Errorf("volume %s: %w", a.id, err)
 		}
@@ -113,7 +114,7 @@ func (n *node) stage(ctx context.Context, a stageArgs) error {
 		}
 		var me mount.MountError
 		if errors.As(err, &me) && (me.Type == mount.UnformattedReadOnly || me.Type == mount.FilesystemMismatch) {
-			return kindf(errUnusable, "volume %s: %w", a.id, err)
+			return volspec.Errorf(errUnusable, "volume %s: %w", a.id, err)
 		}
 		return fmt.Errorf("volume %s: format and mount %s on %s: %w", a.id, dev, staging.path, err)
 	}
@@ -151,7 +152,7 @@ func (n *node) ensureDevice(ctx context.Context, id pool.VolumeID, readOnly bool
 				return "", err
 			}
 			if len(users) > 0 {
-				return "", kindf(errInUse, "volume %s: its loop device %s is read-only and in use at %v", id, dev, users)
+				return "", volspec.Errorf(errInUse, "volume %s: its loop device %s is read-only and in use at %v", id, dev, users)
 			}
 			if err := n.Loop.Detach(dev); err != nil {
 				return "", fmt.Errorf("volume %s: detach read-only device %s: %w", id, dev, err)
@@ -173,9 +174,9 @@ func (n *node) ensureDevice(ctx context.Context, id pool.VolumeID, readOnly bool
 	f, err := p.OpenImage(id, mode)
 	switch {
 	case errors.Is(err, pool.ErrNotFound):
-		return "", kindf(pool.ErrCorrupt, "volume %s: its image %s is missing", id, image)
+		return "", volspec.Errorf(pool.ErrCorrupt, "volume %s: its image %s is missing", id, image)
 	case err != nil:
-		return "", kindf(pool.ErrCorrupt, "volume %s: its image %s cannot be used: %v", id, image, err)
+		return "", volspec.Errorf(pool.ErrCorrupt, "volume %s: its image %s cannot be used: %v", id, image, err)
 	}
 	dev, err = n.Loop.AttachFile(ctx, f, image, readOnly)
 	f.Close() // the loop device holds its own reference
@@ -220,7 +221,7 @@ func (n *node) unstage(ctx context.Context, a unstageArgs) error {
 		}
 		if mounted {
 			if !found || mp.path != staging.path || !n.mountedFrom(mp, dev) {
-				return kindf(errInUse, "staging path %s is mounted from %s, not from volume %s: not unmounting it", staging.path, mp.source, a.id)
+				return volspec.Errorf(errInUse, "staging path %s is mounted from %s, not from volume %s: not unmounting it", staging.path, mp.source, a.id)
 			}
 			// Unmounting the staging path while a pod's bind mount remains
 			// would leave the filesystem mounted with nothing to unstage
@@ -228,7 +229,7 @@ func (n *node) unstage(ctx context.Context, a unstageArgs) error {
 			if users, err := n.users(dev, staging.path); err != nil {
 				return err
 			} else if len(users) > 0 {
-				return kindf(errInUse, "volume %s is still published at %v", a.id, users)
+				return volspec.Errorf(errInUse, "volume %s is still published at %v", a.id, users)
 			}
 			if _, err := n.unmountAll(staging, dev); err != nil {
 				return fmt.Errorf("volume %s: %w", a.id, err)
@@ -247,7 +248,7 @@ func (n *node) unstage(ctx context.Context, a unstageArgs) error {
 	if users, err := n.users(dev); err != nil {
 		return err
 	} else if len(users) > 0 {
-		return kindf(errInUse, "volume %s is still in use at %v", a.id, users)
+		return volspec.Errorf(errInUse, "volume %s is still in use at %v", a.id, users)
 	}
 	if err := n.Loop.Detach(dev); err != nil {
 		return fmt.Errorf("volume %s: %w", a.id, err)

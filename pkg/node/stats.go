@@ -12,6 +12,7 @@ import (
 
 	"github.com/loopvol/loopvol/pkg/loop"
 	"github.com/loopvol/loopvol/pkg/pool"
+	"github.com/loopvol/loopvol/pkg/volspec"
 )
 
 // stats implements NodeGetVolumeStats: bytes and inodes of a mounted
@@ -25,28 +26,28 @@ func (n *node) stats(_ context.Context, a statsArgs) (*csi.NodeGetVolumeStatsRes
 	}
 	r, err := n.resolve(a.volumePath, false)
 	if errors.Is(err, errNotOwn) {
-		err = kindf(errPathMissing, "no volume at %s: %w", a.volumePath, err)
+		err = volspec.Errorf(errPathMissing, "no volume at %s: %w", a.volumePath, err)
 	}
 	if err != nil {
 		return nil, err
 	}
 	defer r.close()
 	if !r.exists() {
-		return nil, kindf(errPathMissing, "volume_path %s does not exist", a.volumePath)
+		return nil, volspec.Errorf(errPathMissing, "volume_path %s does not exist", a.volumePath)
 	}
 	dev, found, err := n.findDevice(a.id)
 	if err != nil {
 		return nil, err
 	}
 	if !found {
-		return nil, kindf(errPathMissing, "volume %s is not staged on node %s", a.id, n.NodeID)
+		return nil, volspec.Errorf(errPathMissing, "volume %s is not staged on node %s", a.id, n.NodeID)
 	}
 	mp, mounted, err := n.mountAt(r)
 	if err != nil {
 		return nil, err
 	}
 	if !mounted || mp.path != r.path || !n.mountedFrom(mp, dev) {
-		return nil, kindf(errPathMissing, "volume %s is not mounted at %s", a.id, a.volumePath)
+		return nil, volspec.Errorf(errPathMissing, "volume %s is not mounted at %s", a.id, a.volumePath)
 	}
 
 	block := r.mode == unix.S_IFBLK || (v != nil && v.AccessType == pool.AccessBlock)

@@ -9,16 +9,11 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 
 	"github.com/loopvol/loopvol/pkg/pool"
+	"github.com/loopvol/loopvol/pkg/volspec"
 )
 
 // maxPathLength bounds the paths we accept (PATH_MAX).
 const maxPathLength = 4096
-
-// Supported filesystems; "" means the volume's own, else ext4.
-const (
-	fsExt4 = "ext4"
-	fsXFS  = "xfs"
-)
 
 // capability is a checked csi.VolumeCapability.
 type capability struct {
@@ -30,8 +25,7 @@ type capability struct {
 
 // readOnly reports whether the access mode allows reading only.
 func (c capability) readOnly() bool {
-	return c.mode == csi.VolumeCapability_AccessMode_SINGLE_NODE_READER_ONLY ||
-		c.mode == csi.VolumeCapability_AccessMode_MULTI_NODE_READER_ONLY
+	return volspec.ReadOnlyAccessMode(c.mode)
 }
 
 type stageArgs struct {
@@ -130,7 +124,7 @@ func (n *node) publishArgs(req *csi.NodePublishVolumeRequest) (publishArgs, erro
 		return a, err
 	}
 	if a.target == a.staging {
-		return a, kindf(errInvalid, "target_path and staging_target_path are both %q", a.target)
+		return a, volspec.Errorf(volspec.ErrInvalid, "target_path and staging_target_path are both %q", a.target)
 	}
 	a.id, err = n.parseID(req.GetVolumeId())
 	return a, err
@@ -156,12 +150,12 @@ func (n *node) expandArgs(req *csi.NodeExpandVolumeRequest) (expandArgs, error) 
 		return a, err
 	}
 	if req.GetVolumePath() == "" {
-		return a, kindf(errInvalid, "volume_path is missing")
+		return a, volspec.Errorf(volspec.ErrInvalid, "volume_path is missing")
 	}
 	if r := req.GetCapacityRange(); r != nil {
 		a.required, a.limit = r.GetRequiredBytes(), r.GetLimitBytes()
 		if a.required < 0 || a.limit < 0 || (a.limit > 0 && a.required > a.limit) {
-			return a, kindf(errInvalid, "capacity_range: required_bytes %d and limit_bytes %d are not a valid range", a.required, a.limit)
+			return a, volspec.Errorf(volspec.ErrInvalid, "capacity_range: required_bytes %d and limit_bytes %d are not a valid range", a.required, a.limit)
 		}
 	}
 	if req.GetVolumeCapability() != nil {
@@ -190,7 +184,7 @@ func (n *node) statsArgs(req *csi.NodeGetVolumeStatsRequest) (statsArgs, error) 
 		return a, err
 	}
 	if req.GetVolumePath() == "" {
-		return a, kindf(errInvalid, "volume_path is missing")
+		return a, volspec.Errorf(volspec.ErrInvalid, "volume_path is missing")
 	}
 	if a.id, err = n.parseID(req.GetVolumeId()); err != nil {
 		return a, err
@@ -221,7 +215,7 @@ func (n *node) healthArgs(req *csi.NodeGetVolumeHealthRequest) (healthArgs, erro
 
 func requireID(id string) error {
 	if id == "" {
-		return kindf(errInvalid, "volume_id is missing")
+		return volspec.Errorf(volspec.ErrInvalid, "volume_id is missing")
 	}
 	return nil
 }
@@ -234,7 +228,7 @@ func (n *node) parseID(s string) (pool.VolumeID, error) {
 		return id, err
 	}
 	if _, ok := n.pools[id.Pool]; !ok {
-		return id, kindf(pool.ErrNotFound, "volume %s: pool %q is not served by node %s", id, id.Pool, n.NodeID)
+		return id, volspec.Errorf(pool.ErrNotFound, "volume %s: pool %q is not served by node %s", id, id.Pool, n.NodeID)
 	}
 	return id, nil
 }
@@ -250,7 +244,7 @@ func (n *node) kubeletPath(field, p string) (string, error) {
 		return "", err
 	}
 	if r, err := n.resolve(clean, false); errors.Is(err, errNotOwn) {
-		return "", kindf(errInvalid, "%s: %w", field, err)
+		return "", volspec.Errorf(volspec.ErrInvalid, "%s: %w", field, err)
 	} else if err == nil {
 		r.close()
 	}
@@ -263,7 +257,7 @@ func (n *node) kubeletPath(field, p string) (string, error) {
 func (n *node) lexicalPath(field, p string) (string, error) {
 	clean, err := n.underKubeletDir(field, p)
 	if err != nil {
-		return "", kindf(errInvalid, "%w", err)
+		return "", volspec.Errorf(volspec.ErrInvalid, "%w", err)
 	}
 	return clean, nil
 }
@@ -275,7 +269,7 @@ func (n *node) lexicalPath(field, p string) (string, error) {
 func (n *node) volumePath(p string) (string, error) {
 	clean, err := n.underKubeletDir("volume_path", p)
 	if err != nil {
-		return "", kindf(errPathMissing, "no volume there: %w", err)
+		return "", volspec.Errorf(errPathMissing, "no volume there: %w", err)
 	}
 	return clean, nil
 }
@@ -319,23 +313,22 @@ func (n *node) canonical(p string) string {
 func checkCapability(vc *csi.VolumeCapability) (capability, error) {
 	var c capability
 	if vc == nil {
-		return c, kindf(errInvalid, "volume_capability is missing")
+		return c, volspec.Errorf(volspec.ErrInvalid, "volume_capability is missing")
 	}
 	c.mode = vc.GetAccessMode().GetMode()
-	if _, known := csi.VolumeCapability_AccessMode_Mode_name[int32(c.mode)]; !known || c.mode == csi.VolumeCapability_AccessMode_UNKNOWN {
-		return c, kindf(errInvalid, "volume_capability.access_mode %d is unknown", c.mode)
+	if !volspec.KnownAccessMode(c.mode) {
+		return c, volspec.Errorf(volspec.ErrInvalid, "volume_capability.access_mode %d is unknown", c.mode)
 	}
 	switch {
 	case vc.GetBlock() != nil:
 		c.block = true
 	case vc.GetMount() != nil:
 		m := vc.GetMount()
-		switch m.GetFsType() {
-		case "", fsExt4, fsXFS:
-			c.fsType = m.GetFsType()
-		default:
-			return c, kindf(errInvalid, "volume_capability.mount.fs_type %q is not supported (ext4 or xfs)", m.GetFsType())
+		// "" means the volume's own filesystem, else the default.
+		if fs := m.GetFsType(); fs != "" && !volspec.SupportedFsType(fs) {
+			return c, volspec.Errorf(volspec.ErrInvalid, "volume_capability.mount.fs_type %q is not supported (%s)", fs, strings.Join(volspec.Filesystems, " or "))
 		}
+		c.fsType = m.GetFsType()
 		opts, err := parseMountFlags(m.GetMountFlags())
 		if err != nil {
 			return c, err
@@ -348,13 +341,11 @@ func checkCapability(vc *csi.VolumeCapability) (capability, error) {
 			}
 		}
 		c.mountOpts = opts
-		// A filesystem written from two nodes at once is corrupted: only raw
-		// block volumes may have several writers on several nodes.
-		if c.mode == csi.VolumeCapability_AccessMode_MULTI_NODE_MULTI_WRITER {
-			return c, kindf(errInvalid, "volume_capability: MULTI_NODE_MULTI_WRITER is supported only for block volumes")
+		if volspec.BlockOnlyAccessMode(c.mode) {
+			return c, volspec.Errorf(volspec.ErrInvalid, "volume_capability: MULTI_NODE_MULTI_WRITER is supported only for block volumes")
 		}
 	default:
-		return c, kindf(errInvalid, "volume_capability has neither block nor mount access type")
+		return c, volspec.Errorf(volspec.ErrInvalid, "volume_capability has neither block nor mount access type")
 	}
 	return c, nil
 }
