@@ -8,8 +8,8 @@ RUN := $(CURDIR)/_run
 # Packages of `make unit`: every package but the suites under test/ (they
 # need the built binaries) and those whose tests start the control plane
 # (ENVTEST_PKGS: bin/kube-apiserver and bin/etcd, `make tools`).
-ENVTEST_PKGS := ./internal/testenv/ ./internal/cluster/
-UNIT_PKGS := $(shell $(GO) list ./... | grep -v -e /test/ -e /internal/testenv -e /internal/cluster)
+ENVTEST_PKGS := ./internal/harness/testenv/ ./internal/harness/cluster/
+UNIT_PKGS := $(shell $(GO) list ./... | grep -v -e /test/ -e /internal/harness/testenv -e /internal/harness/cluster)
 
 .PHONY: help build tools all-tools run test unit test-fmt test-vet test-logcheck test-go test-unit test-envtest test-sanity test-e2e bench clean
 
@@ -78,7 +78,7 @@ test-unit: ##@ The packages' tests that need no tool: pkg/, cmd/, internal/kube 
 	@echo "### test-unit"
 	$(GO) test -race -count=1 $(UNIT_PKGS)
 
-test-envtest: tools ##@ The packages' tests that start the control plane: internal/testenv, internal/cluster (-race).
+test-envtest: tools ##@ The packages' tests that start the control plane: internal/harness/testenv, internal/harness/cluster (-race).
 	@echo "### test-envtest"
 	$(GO) test -race -count=1 $(ENVTEST_PKGS)
 

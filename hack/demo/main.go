@@ -1,5 +1,5 @@
 // Command demo brings up a real one-node Kubernetes cluster
-// (internal/cluster), deploys loopvol on it with `kubectl apply
+// (internal/harness/cluster), deploys loopvol on it with `kubectl apply
 // --server-side -k` and takes a claim from PVC to a running Pod, showing
 // each step as it happens; then it tears everything down. `make demo` builds
 // what is missing first; `make demo KEEP=1` keeps the cluster up until
@@ -23,7 +23,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/loopvol/loopvol/internal/cluster"
+	"github.com/loopvol/loopvol/internal/harness/cluster"
 )
 
 func main() {

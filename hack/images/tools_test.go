@@ -17,7 +17,7 @@ import (
 // rest of the repository expects of them: the provisioner's and the
 // attacher's and the snapshotter's to the versions hack/tools builds, the provisioner's to
 // overlays/local's newTag, pause's to the sandbox
-// image of internal/cluster, busybox's to the tests' workload image.
+// image of internal/harness/cluster, busybox's to the tests' workload image.
 func TestToolImagesAreTheClusterOnes(t *testing.T) {
 	read := func(p string) string {
 		t.Helper()
@@ -45,7 +45,7 @@ func TestToolImagesAreTheClusterOnes(t *testing.T) {
 	if !regexp.MustCompile(`newName: localhost/loopvol/csi-provisioner\s+newTag: ` + regexp.QuoteMeta(tags["csi-provisioner"]) + `\n`).MatchString(overlay) {
 		t.Errorf("overlays/local does not name localhost/loopvol/csi-provisioner:%s", tags["csi-provisioner"])
 	}
-	for name, file := range map[string]string{"pause": "internal/cluster/config.go", "busybox": "internal/cluster/workload.go"} {
+	for name, file := range map[string]string{"pause": "internal/harness/cluster/config.go", "busybox": "internal/harness/cluster/workload.go"} {
 		if ref := `"localhost/loopvol/` + name + ":" + tags[name] + `"`; !strings.Contains(read(file), ref) {
 			t.Errorf("%s does not use %s", file, ref)
 		}

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the real Kubernetes binaries that loopvol's tests run (by default
 # kube-apiserver and etcd, for envtest) and those of the one-node cluster
-# (internal/cluster) from the versions pinned in the go.mod files here:
+# (internal/harness/cluster) from the versions pinned in the go.mod files here:
 # go.mod (Kubernetes, e2e.test, agnhost, ginkgo), etcd/, containerd/,
 # runc/, provisioner/, attacher/, snapshotter/, populator/ and pause/.
 #

@@ -24,8 +24,8 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/klog/v2/ktesting"
 
+	"github.com/loopvol/loopvol/internal/harness/testcert"
 	"github.com/loopvol/loopvol/internal/kube"
-	"github.com/loopvol/loopvol/internal/testcert"
 )
 
 func reviewBody(t *testing.T, req *admissionv1.AdmissionRequest) []byte {

@@ -16,7 +16,7 @@ import (
 	"unsafe"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
-	"github.com/loopvol/loopvol/internal/testenv"
+	"github.com/loopvol/loopvol/internal/harness/testenv"
 	"github.com/loopvol/loopvol/test/internal/attacherproc"
 	"github.com/loopvol/loopvol/test/internal/driverproc"
 	"golang.org/x/sys/unix"

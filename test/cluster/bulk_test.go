@@ -17,7 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/loopvol/loopvol/internal/cluster"
+	"github.com/loopvol/loopvol/internal/harness/cluster"
 )
 
 // bulkSize is how many claims testBulkProvisioning applies at once: the

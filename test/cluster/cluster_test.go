@@ -12,9 +12,9 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/loopvol/loopvol/internal/cluster"
-	"github.com/loopvol/loopvol/internal/cluster/clustertest"
-	"github.com/loopvol/loopvol/internal/testenv"
+	"github.com/loopvol/loopvol/internal/harness/cluster"
+	"github.com/loopvol/loopvol/internal/harness/cluster/clustertest"
+	"github.com/loopvol/loopvol/internal/harness/testenv"
 	"github.com/loopvol/loopvol/pkg/loop"
 )
 
@@ -126,7 +126,7 @@ func testVolumeLifecycle(t *testing.T, c *cluster.Cluster) {
 	// The node plugin tuned the volume's loop device (pkg/loop Tune) in
 	// its container: writeback throttling off (the kernel turns it on at
 	// the first write, 2000 µs) and, the volume being thick, discards
-	// refused. It needs a writable sysfs in the pod (internal/cluster
+	// refused. It needs a writable sysfs in the pod (internal/harness/cluster
 	// holdSysfs).
 	dev, found, err := loop.New().Find(image)
 	if err != nil || !found {

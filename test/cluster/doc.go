@@ -1,5 +1,5 @@
 // Package cluster holds the tests that run on a real one-node Kubernetes
-// cluster (internal/cluster): loopvol deployed with `kubectl apply
+// cluster (internal/harness/cluster): loopvol deployed with `kubectl apply
 // --server-side -k` of deploy/kubernetes/overlays/local, and real
 // PersistentVolumeClaims and Pods taken through the scheduler, the
 // provisioner, the attach/detach controller and kubelet. `make

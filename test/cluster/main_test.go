@@ -3,7 +3,7 @@ package cluster
 import (
 	"testing"
 
-	"github.com/loopvol/loopvol/internal/cluster/clustertest"
+	"github.com/loopvol/loopvol/internal/harness/cluster/clustertest"
 )
 
 // TestMain runs the tests in a network namespace of their own

@@ -14,7 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
-	"github.com/loopvol/loopvol/internal/cluster"
+	"github.com/loopvol/loopvol/internal/harness/cluster"
 )
 
 // testPodNetwork: a pod on the bridge network (not hostNetwork) reaches

@@ -11,9 +11,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/loopvol/loopvol/internal/cluster"
-	"github.com/loopvol/loopvol/internal/cluster/clustertest"
-	"github.com/loopvol/loopvol/internal/testenv"
+	"github.com/loopvol/loopvol/internal/harness/cluster"
+	"github.com/loopvol/loopvol/internal/harness/cluster/clustertest"
+	"github.com/loopvol/loopvol/internal/harness/testenv"
 )
 
 // upstreamAttacher is the image of hack/tools/attacher's csi-attacher that

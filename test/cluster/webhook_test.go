@@ -15,8 +15,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/loopvol/loopvol/internal/cluster"
-	"github.com/loopvol/loopvol/internal/testcert"
+	"github.com/loopvol/loopvol/internal/harness/cluster"
+	"github.com/loopvol/loopvol/internal/harness/testcert"
 )
 
 // sidecarHTTP is the controller sidecar's diagnostics endpoint (the pod

@@ -16,9 +16,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/loopvol/loopvol/internal/cluster"
-	"github.com/loopvol/loopvol/internal/cluster/clustertest"
-	"github.com/loopvol/loopvol/internal/testenv"
+	"github.com/loopvol/loopvol/internal/harness/cluster"
+	"github.com/loopvol/loopvol/internal/harness/cluster/clustertest"
+	"github.com/loopvol/loopvol/internal/harness/testenv"
 )
 
 // Which part of the suite runs: E2E_K8S_SUITE=fast (the default: every

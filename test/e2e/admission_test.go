@@ -31,7 +31,7 @@ import (
 	"sigs.k8s.io/kustomize/kyaml/filesys"
 	"sigs.k8s.io/yaml"
 
-	"github.com/loopvol/loopvol/internal/testenv"
+	"github.com/loopvol/loopvol/internal/harness/testenv"
 	"github.com/loopvol/loopvol/pkg/capacity"
 )
 

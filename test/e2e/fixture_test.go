@@ -29,7 +29,7 @@ import (
 	"k8s.io/klog/v2/ktesting"
 	"k8s.io/utils/ptr"
 
-	"github.com/loopvol/loopvol/internal/testenv"
+	"github.com/loopvol/loopvol/internal/harness/testenv"
 	"github.com/loopvol/loopvol/test/internal/attacherproc"
 	"github.com/loopvol/loopvol/test/internal/driverproc"
 )

@@ -1,12 +1,12 @@
 // Package e2e runs loopvol's real binaries against a real control plane: a
-// kube-apiserver and etcd from bin/ (internal/testenv), the driver built from
-// cmd/driver (--mode=all, plus --mode=node processes for more nodes on the
-// same pool) and the attacher built from cmd/attacher. The tests create
-// CSINode, PersistentVolume and VolumeAttachment objects the way kubelet and
-// the attach/detach controller of kube-controller-manager would, and check
-// the outcome on both sides: the objects (status, errors, finalizers) and the
-// driver (its ListVolumes published_node_ids and its call counts on
-// /metrics).
+// kube-apiserver and etcd from bin/ (internal/harness/testenv), the driver
+// built from cmd/driver (--mode=all, plus --mode=node processes for more
+// nodes on the same pool) and the attacher built from cmd/attacher. The
+// tests create CSINode, PersistentVolume and VolumeAttachment objects the
+// way kubelet and the attach/detach controller of kube-controller-manager
+// would, and check the outcome on both sides: the objects (status, errors,
+// finalizers) and the driver (its ListVolumes published_node_ids and its
+// call counts on /metrics).
 //
 // No controller-manager runs, so nothing else touches the objects: what
 // changes them is the attacher under test. VolumeAttachments, PVs and
@@ -26,7 +26,7 @@ import (
 	"os"
 	"testing"
 
-	"github.com/loopvol/loopvol/internal/testenv"
+	"github.com/loopvol/loopvol/internal/harness/testenv"
 	"github.com/loopvol/loopvol/test/internal/attacherproc"
 	"github.com/loopvol/loopvol/test/internal/driverproc"
 )

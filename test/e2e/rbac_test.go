@@ -18,7 +18,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/yaml"
 
-	"github.com/loopvol/loopvol/internal/testenv"
+	"github.com/loopvol/loopvol/internal/harness/testenv"
 )
 
 // restrictedKubeconfig makes a user that holds only the RBAC rules of the

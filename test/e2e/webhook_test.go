@@ -33,7 +33,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/yaml"
 
-	"github.com/loopvol/loopvol/internal/testcert"
+	"github.com/loopvol/loopvol/internal/harness/testcert"
 	"github.com/loopvol/loopvol/test/internal/attacherproc"
 )
 

@@ -258,8 +258,8 @@ func TestRepoRootAndBinDir(t *testing.T) {
 	if mod, err := readModulePath(filepath.Join(root, "go.mod")); err != nil || mod != modulePath {
 		t.Errorf("RepoRoot %s: module %q, %v", root, mod, err)
 	}
-	if _, err := os.Stat(filepath.Join(root, "internal", "testenv")); err != nil {
-		t.Errorf("RepoRoot %s does not hold internal/testenv: %v", root, err)
+	if _, err := os.Stat(filepath.Join(root, "internal", "harness", "testenv")); err != nil {
+		t.Errorf("RepoRoot %s does not hold internal/harness/testenv: %v", root, err)
 	}
 	bin, _ := BinDir()
 	if bin != filepath.Join(root, "bin") {

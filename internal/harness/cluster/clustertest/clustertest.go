@@ -14,7 +14,7 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/loopvol/loopvol/internal/cluster"
+	"github.com/loopvol/loopvol/internal/harness/cluster"
 )
 
 // Main is the body of a TestMain: it runs the tests in a network namespace
