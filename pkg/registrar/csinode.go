@@ -18,6 +18,7 @@ import (
 	storagelisters "k8s.io/client-go/listers/storage/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
 
 	"github.com/loopvol/loopvol/internal/kube"
 	"github.com/loopvol/loopvol/pkg/csiclient"
@@ -47,12 +48,15 @@ const CSINodeQueueName = "registrar-csinode"
 // Every sync calls NodeGetInfo and writes only when the entry differs, with
 // a patch that never touches another driver's entry (entryPatch). A
 // missing CSINode is created with the Node as its owner, like kubelet does,
-// so it goes when the Node goes.
+// so it goes when the Node goes. The controller's own writes (kube.Writes)
+// neither count as drift when they come back nor leave a sync deciding on
+// a cached copy that predates them.
 type csiNodeController struct {
 	driver string
 	node   string
 	client kube.Client
 	csi    Driver
+	clock  clock.WithTicker
 
 	vaInformer      cache.SharedIndexInformer // shared: the caller runs it
 	csiNodeInformer cache.SharedIndexInformer // own, this node's CSINode only
@@ -61,6 +65,8 @@ type csiNodeController struct {
 	driverLister    storagelisters.CSIDriverLister
 
 	queue *kube.Queue[string]
+	// writes are the controller's own writes of the CSINode.
+	writes *kube.Writes[string]
 	// periodChanged is signalled when the CSIDriver's period changed.
 	periodChanged chan struct{}
 
@@ -79,10 +85,12 @@ func newCSINodeController(cfg Config) *csiNodeController {
 		node:          cfg.NodeName,
 		client:        cfg.Client,
 		csi:           cfg.Driver,
+		clock:         cfg.Clock,
 		vaInformer:    cfg.VolumeAttachments,
 		queue:         kube.NewQueue[string](CSINodeQueueName, cfg.RetryIntervalStart, cfg.RetryIntervalMax),
+		writes:        kube.NewWrites[string](1),
 		periodChanged: make(chan struct{}, 1),
-		since:         time.Now(),
+		since:         cfg.Clock.Now(),
 	}
 	c.csiNodeInformer = namedInformer(cfg.Client, &storagev1.CSINode{}, cfg.NodeName,
 		func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
@@ -170,7 +178,7 @@ func (c *csiNodeController) record(err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if (err == nil) != c.inPlace || (err != nil) != (c.lastErr != nil) {
-		c.since = time.Now()
+		c.since = c.clock.Now()
 	}
 	c.inPlace, c.lastErr = err == nil, err
 }
@@ -183,7 +191,7 @@ func (c *csiNodeController) healthy() error {
 	case c.inPlace:
 		return nil
 	case c.lastErr != nil:
-		return fmt.Errorf("the CSINode entry of node %s could not be written (for %s): %w", c.node, time.Since(c.since).Round(time.Second), c.lastErr)
+		return fmt.Errorf("the CSINode entry of node %s could not be written (for %s): %w", c.node, c.clock.Since(c.since).Round(time.Second), c.lastErr)
 	default:
 		return fmt.Errorf("the CSINode entry of node %s is not written yet", c.node)
 	}
@@ -208,8 +216,8 @@ func (c *csiNodeController) sync(ctx context.Context) error {
 	c.mu.Unlock()
 
 	node, err := c.csiNodeLister.Get(c.node)
-	if apierrors.IsNotFound(err) {
-		// The cache may not have our own create yet.
+	if apierrors.IsNotFound(err) || err == nil && c.writes.Stale(c.node, node.ResourceVersion) {
+		// The cache may not have our own last write yet.
 		node, err = c.client.StorageV1().CSINodes().Get(ctx, c.node, metav1.GetOptions{})
 	}
 	if apierrors.IsNotFound(err) {
@@ -223,7 +231,29 @@ func (c *csiNodeController) sync(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("read CSINode %s: %w", c.node, err)
 	}
-	retried := false
+	// A failed test op (the cached copy was stale) or a deletion: read it
+	// again and retry once (kube.RetryStale); a second failure backs off.
+	return kube.RetryStale(ctx, node, nil, c.readCSINode, func(ctx context.Context, node *storagev1.CSINode) error {
+		if node == nil {
+			return c.create(ctx, want)
+		}
+		return c.patchEntry(ctx, node, want)
+	})
+}
+
+// readCSINode reads the node's CSINode: nil when there is none.
+func (c *csiNodeController) readCSINode(ctx context.Context) (*storagev1.CSINode, error) {
+	node, err := c.client.StorageV1().CSINodes().Get(ctx, c.node, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil, nil
+	}
+	return node, err
+}
+
+// patchEntry brings the driver's entry in node to want, with as many
+// patches as entryPatch asks for (a removal and then the entry anew).
+func (c *csiNodeController) patchEntry(ctx context.Context, node *storagev1.CSINode, want storagev1.CSINodeDriver) error {
+	logger := klog.FromContext(ctx)
 	for {
 		patch, removal := entryPatch(node, want)
 		if patch == nil {
@@ -236,29 +266,17 @@ func (c *csiNodeController) sync(ctx context.Context) error {
 		}
 		logger.V(5).Info("Patching CSINode", "csiNode", klog.KObj(node), "patch", string(patch))
 		out, err := c.client.StorageV1().CSINodes().Patch(ctx, c.node, types.JSONPatchType, patch, metav1.PatchOptions{})
-		switch {
-		case err == nil && removal:
-			logger.V(2).Info("Removed the driver's CSINode entry to add it anew: its node ID or topology keys changed, which the API allows only that way",
-				"csiNode", klog.KObj(node), "from", describeEntry(old), "to", describeEntry(&want))
-			node = out
-			continue
-		case err == nil:
-			logger.V(2).Info("Updated the driver's CSINode entry", "csiNode", klog.KObj(node), "from", describeEntry(old), "to", describeEntry(&want))
-			return nil
-		case retried:
+		if err != nil {
 			return fmt.Errorf("patch CSINode %s: %w", c.node, err)
 		}
-		// A failed test op (the cached copy was stale) or a deletion:
-		// read it again and retry once; a second failure backs off.
-		retried = true
-		live, gerr := c.client.StorageV1().CSINodes().Get(ctx, c.node, metav1.GetOptions{})
-		switch {
-		case apierrors.IsNotFound(gerr):
-			return c.create(ctx, want)
-		case gerr != nil:
-			return fmt.Errorf("patch CSINode %s: %w (and reading it again: %w)", c.node, err, gerr)
+		c.writes.Record(c.node, out.ResourceVersion, c.clock.Now())
+		if !removal {
+			logger.V(2).Info("Updated the driver's CSINode entry", "csiNode", klog.KObj(node), "from", describeEntry(old), "to", describeEntry(&want))
+			return nil
 		}
-		node = live
+		logger.V(2).Info("Removed the driver's CSINode entry to add it anew: its node ID or topology keys changed, which the API allows only that way",
+			"csiNode", klog.KObj(node), "from", describeEntry(old), "to", describeEntry(&want))
+		node = out
 	}
 }
 
@@ -288,21 +306,20 @@ func (c *csiNodeController) create(ctx context.Context, want storagev1.CSINodeDr
 		Spec: storagev1.CSINodeSpec{Drivers: []storagev1.CSINodeDriver{want}},
 	}
 	out, err := c.client.StorageV1().CSINodes().Create(ctx, obj, metav1.CreateOptions{})
-	switch {
-	case err == nil:
-		logger.Info("Created the CSINode with the driver's entry", "csiNode", klog.KObj(out), "entry", describeEntry(&want))
-		return nil
-	default:
+	if err != nil {
 		return fmt.Errorf("create CSINode %s: %w", c.node, err)
 	}
+	c.writes.Record(c.node, out.ResourceVersion, c.clock.Now())
+	logger.Info("Created the CSINode with the driver's entry", "csiNode", klog.KObj(out), "entry", describeEntry(&want))
+	return nil
 }
 
 // csiNodeChanged queues a sync when the node's CSINode does not hold the
-// entry last computed: drift. The controller's own writes hold it and
-// queue nothing.
+// entry last computed: drift. The controller's own writes coming back
+// queue nothing, even the removal of an entry that is added anew next.
 func (c *csiNodeController) csiNodeChanged(obj any) {
 	node, ok := obj.(*storagev1.CSINode)
-	if !ok || node.Name != c.node {
+	if !ok || node.Name != c.node || c.writes.Own(node.Name, node.ResourceVersion) {
 		return
 	}
 	c.mu.Lock()
@@ -319,6 +336,7 @@ func (c *csiNodeController) csiNodeChanged(obj any) {
 func (c *csiNodeController) csiNodeDeleted(obj any) {
 	obj = kube.Tombstoned(obj)
 	if node, ok := obj.(*storagev1.CSINode); ok && node.Name == c.node {
+		c.writes.Forget(c.node)
 		c.queue.Q.Add(c.node)
 	}
 }
@@ -353,7 +371,7 @@ func (c *csiNodeController) currentPeriod() time.Duration {
 // periodic queues a sync every period, restarting the count when the
 // period changes (as kubelet restarts its ticker).
 func (c *csiNodeController) periodic(ctx context.Context) {
-	var tick *time.Ticker
+	var tick clock.Ticker
 	var tickC <-chan time.Time
 	reset := func() {
 		if tick != nil {
@@ -361,8 +379,8 @@ func (c *csiNodeController) periodic(ctx context.Context) {
 			tick, tickC = nil, nil
 		}
 		if p := c.currentPeriod(); p > 0 {
-			tick = time.NewTicker(p)
-			tickC = tick.C
+			tick = c.clock.NewTicker(p)
+			tickC = tick.C()
 		}
 	}
 	reset()

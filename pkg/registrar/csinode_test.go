@@ -2,7 +2,6 @@ package registrar
 
 import (
 	"context"
-	"encoding/json"
 	"strings"
 	"testing"
 	"time"
@@ -16,11 +15,12 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
-	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/klog/v2/ktesting"
+	testingclock "k8s.io/utils/clock/testing"
 	"k8s.io/utils/ptr"
 
 	"github.com/loopvol/loopvol/internal/kube"
+	"github.com/loopvol/loopvol/internal/kube/kubetest"
 	"github.com/loopvol/loopvol/pkg/csiclient"
 )
 
@@ -92,6 +92,7 @@ func newFixture(t *testing.T, drv *fakeDriver, cached *storagev1.CSINode, objs .
 		NodeName: testNode, Mode: ModeDirect, Driver: drv, Client: client,
 		VolumeAttachments:  kube.NewInformers(client, 0).VolumeAttachments(),
 		RetryIntervalStart: time.Millisecond, RetryIntervalMax: 10 * time.Millisecond,
+		Clock: testingclock.NewFakeClock(testNow),
 	}
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
@@ -115,62 +116,19 @@ func newFixture(t *testing.T, drv *fakeDriver, cached *storagev1.CSINode, objs .
 }
 
 // apiAction is one request to the API server, its patch normalized.
-type apiAction struct {
-	Verb     string
-	Resource string
-	Name     string
-	Patch    string
-}
+type apiAction = kubetest.Action
 
-func (f *fixture) actions() []apiAction {
-	var out []apiAction
-	for _, a := range f.client.Actions() {
-		if a.GetVerb() == "list" || a.GetVerb() == "watch" {
-			continue
-		}
-		act := apiAction{Verb: a.GetVerb(), Resource: a.GetResource().Resource}
-		switch a := a.(type) {
-		case k8stesting.PatchAction:
-			if a.GetPatchType() != types.JSONPatchType {
-				act.Patch = "not a JSON patch: " + string(a.GetPatchType())
-			} else {
-				act.Name, act.Patch = a.GetName(), normJSON(string(a.GetPatch()))
-			}
-		case k8stesting.GetAction:
-			act.Name = a.GetName()
-		case k8stesting.CreateAction:
-			if m, err := metaName(a.GetObject()); err == nil {
-				act.Name = m
-			}
-		}
-		out = append(out, act)
-	}
-	f.client.ClearActions()
-	return out
-}
+// recorder lists every request but the informers' lists and watches.
+var recorder = kubetest.Recorder{Skip: []string{"list"}}
 
-func metaName(o runtime.Object) (string, error) {
-	if n, ok := o.(metav1.Object); ok {
-		return n.GetName(), nil
-	}
-	return "", nil
-}
-
-func normJSON(s string) string {
-	var v any
-	if err := json.Unmarshal([]byte(s), &v); err != nil {
-		return "invalid JSON: " + s
-	}
-	b, _ := json.Marshal(v)
-	return string(b)
-}
+func (f *fixture) actions() []apiAction { return recorder.Take(f.client) }
 
 func get(resource, name string) apiAction {
 	return apiAction{Verb: "get", Resource: resource, Name: name}
 }
 
 func patch(p string) apiAction {
-	return apiAction{Verb: "patch", Resource: "csinodes", Name: testNode, Patch: normJSON(p)}
+	return apiAction{Verb: "patch", Resource: "csinodes", Name: testNode, PatchType: types.JSONPatchType, Patch: recorder.Norm(p)}
 }
 
 func entryJSON(e storagev1.CSINodeDriver) string { return string(kube.MustJSON(e)) }
@@ -314,9 +272,7 @@ func TestSync(t *testing.T) {
 			case csiclient.IsFinal(err) != tc.wantFinal:
 				t.Errorf("final = %t, want %t (%v)", csiclient.IsFinal(err), tc.wantFinal, err)
 			}
-			if diff := cmp.Diff(tc.want, f.actions()); diff != "" {
-				t.Errorf("API actions (-want +got):\n%s", diff)
-			}
+			kubetest.Diff(t, "API actions", tc.want, f.actions())
 			n, gerr := f.client.StorageV1().CSINodes().Get(ctx, testNode, metav1.GetOptions{})
 			if tc.wantDrivers == nil {
 				if gerr == nil {
@@ -430,13 +386,16 @@ func TestDirectModeRun(t *testing.T) {
 	defer cancel()
 	drv := newFakeDriver(3)
 	client := fake.NewClientset(nodeObj(), csiNodeObj("1", otherDriver))
+	kubetest.Serve(client, kubetest.Options{})
 	informers := kube.NewInformers(client, 0)
+	clk := testingclock.NewFakeClock(testNow)
 	cfg := Config{
 		DriverName: driver, KubeletRegistrationPath: endpoint, PluginRegistrationPath: t.TempDir(),
 		NodeName: testNode, Mode: ModeDirect, Driver: drv, Client: client,
 		VolumeAttachments:  informers.VolumeAttachments(),
 		RetryIntervalStart: time.Millisecond, RetryIntervalMax: 10 * time.Millisecond,
 		SocketCheckInterval: 10 * time.Millisecond,
+		Clock:               clk,
 	}
 	r, err := New(cfg)
 	if err != nil {
@@ -488,17 +447,22 @@ func TestDirectModeRun(t *testing.T) {
 	// No period: a new limit is not picked up; a RESOURCE_EXHAUSTED attach
 	// does not change that (kubelet's rule).
 	drv.setMaxVolumes(4)
-	exhausted := vaObj("va-1", testNode, driver, ptr.To(int32(codes.ResourceExhausted)), time.Now())
+	exhausted := vaObj("va-1", testNode, driver, ptr.To(int32(codes.ResourceExhausted)), testNow)
 	if _, err := client.StorageV1().VolumeAttachments().Create(ctx, exhausted, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 
-	// A 1 s period picks the new limit up.
+	// A 1 s period picks the new limit up: the clock is stepped a second
+	// at a time until it has.
 	if _, err := client.StorageV1().CSIDrivers().Create(ctx, csiDriverObj(1), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	eventually(t, "the second's period in effect", func() bool { return r.node.currentPeriod() == time.Second })
 	drv.setMaxVolumes(5)
-	eventually(t, "count 5 on the period", hasCount(5))
+	eventually(t, "count 5 on the period", func() bool {
+		clk.Step(time.Second)
+		return hasCount(5)()
+	})
 
 	// An hour's period: only the failed attach makes it read again.
 	if _, err := client.StorageV1().CSIDrivers().Update(ctx, csiDriverObj(3600), metav1.UpdateOptions{}); err != nil {
@@ -507,7 +471,7 @@ func TestDirectModeRun(t *testing.T) {
 	eventually(t, "the hour's period in effect", func() bool { return r.node.currentPeriod() == time.Hour })
 	drv.setMaxVolumes(7)
 	calls := drv.callCount()
-	failedAgain := vaObj("va-1", testNode, driver, ptr.To(int32(codes.ResourceExhausted)), time.Now().Add(time.Second))
+	failedAgain := vaObj("va-1", testNode, driver, ptr.To(int32(codes.ResourceExhausted)), testNow.Add(time.Second))
 	if _, err := client.StorageV1().VolumeAttachments().UpdateStatus(ctx, failedAgain, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}

@@ -7,6 +7,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
 
 	"github.com/loopvol/loopvol/internal/kube"
 )
@@ -23,6 +24,7 @@ type driftChecker struct {
 	node     string
 	client   kube.Client
 	csi      Driver
+	clock    clock.WithTicker
 	interval time.Duration
 	kicked   chan struct{}
 }
@@ -33,6 +35,7 @@ func newDriftChecker(cfg Config) *driftChecker {
 		node:     cfg.NodeName,
 		client:   cfg.Client,
 		csi:      cfg.Driver,
+		clock:    cfg.Clock,
 		interval: cfg.DriftCheckInterval,
 		kicked:   make(chan struct{}, 1),
 	}
@@ -52,9 +55,9 @@ func (d *driftChecker) kick() {
 func (d *driftChecker) run(ctx context.Context) {
 	var tickC <-chan time.Time
 	if d.interval > 0 {
-		t := time.NewTicker(d.interval)
+		t := d.clock.NewTicker(d.interval)
 		defer t.Stop()
-		tickC = t.C
+		tickC = t.C()
 	}
 	for {
 		select {

@@ -18,6 +18,9 @@ const (
 	endpoint   = "/var/lib/kubelet/plugins/loopvol.csi.io/csi.sock"
 )
 
+// testNow is the time of the tests' fake clocks.
+var testNow = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+
 // fakeDriver is a CSI driver whose NodeGetInfo answer, health and errors
 // the test sets, and which counts its NodeGetInfo calls.
 type fakeDriver struct {

@@ -11,6 +11,7 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
 
 	"github.com/loopvol/loopvol/internal/kube"
 	"github.com/loopvol/loopvol/internal/unixsock"
@@ -96,6 +97,10 @@ type Config struct {
 	// CSINode entry is compared with NodeGetInfo besides after each
 	// registration; zero means only after each registration.
 	DriftCheckInterval time.Duration
+	// Clock drives every period, backoff and socket check of the
+	// registrar, and the times Healthy reports. Optional: nil is the real
+	// clock; tests step a fake one instead of waiting.
+	Clock clock.WithTicker
 }
 
 // Validate reports the first field of c that cannot work.
@@ -159,6 +164,9 @@ func New(cfg Config) (*Registrar, error) {
 	}
 	if cfg.HealthTimeout == 0 {
 		cfg.HealthTimeout = DefaultHealthTimeout
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.RealClock{}
 	}
 	r := &Registrar{cfg: cfg}
 	var onRegistered func()

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"k8s.io/klog/v2"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
+	"k8s.io/utils/clock"
 
 	"github.com/loopvol/loopvol/internal/unixsock"
 )
@@ -44,6 +45,7 @@ type registration struct {
 	checkEvery time.Duration
 	retryStart time.Duration
 	retryMax   time.Duration
+	clock      clock.WithTicker
 	// onRegistered is called after each successful registration; may be
 	// nil.
 	onRegistered func()
@@ -51,7 +53,10 @@ type registration struct {
 	// kicked is signalled when kubelet reported an outcome.
 	kicked chan struct{}
 
-	mu        sync.Mutex
+	mu sync.Mutex
+	// ctx is the context of run while it serves (nil otherwise): the
+	// GetInfo that live sends over the socket ends with it.
+	ctx       context.Context
 	confirmed bool      // kubelet confirmed on the current socket
 	failure   string    // kubelet's error of the last failed registration
 	since     time.Time // when the current state began
@@ -66,9 +71,10 @@ func newRegistration(cfg Config, onRegistered func()) *registration {
 		checkEvery:   cfg.SocketCheckInterval,
 		retryStart:   cfg.RetryIntervalStart,
 		retryMax:     cfg.RetryIntervalMax,
+		clock:        cfg.Clock,
 		onRegistered: onRegistered,
 		kicked:       make(chan struct{}, 1),
-		since:        time.Now(),
+		since:        cfg.Clock.Now(),
 	}
 }
 
@@ -102,7 +108,7 @@ func (r *registration) NotifyRegistrationStatus(ctx context.Context, st *registe
 	r.confirmed = st.GetPluginRegistered()
 	r.failure = failure
 	if was != r.confirmed || !r.confirmed {
-		r.since = time.Now()
+		r.since = r.clock.Now()
 	}
 	r.mu.Unlock()
 	if st.GetPluginRegistered() {
@@ -129,7 +135,7 @@ func (r *registration) NotifyRegistrationStatus(ctx context.Context, st *registe
 func (r *registration) registered() error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	waited := time.Since(r.since).Round(time.Second)
+	waited := r.clock.Since(r.since).Round(time.Second)
 	switch {
 	case r.confirmed:
 		return nil
@@ -144,7 +150,8 @@ func (r *registration) registered() error {
 
 // live sends GetInfo over the registration socket, as kubelet does, and
 // checks the answer: the socket exists, something answers on it, and it
-// names this driver.
+// names this driver. The call is bounded by timeout and ends with run: a
+// registrar that stopped serving is not live, whoever answers.
 func (r *registration) live(timeout time.Duration) error {
 	st, err := os.Lstat(r.path)
 	switch {
@@ -155,12 +162,18 @@ func (r *registration) live(timeout time.Duration) error {
 	case st.Mode().Type() != fs.ModeSocket:
 		return fmt.Errorf("%s is not a socket", r.path)
 	}
+	r.mu.Lock()
+	runCtx := r.ctx
+	r.mu.Unlock()
+	if runCtx == nil {
+		return fmt.Errorf("this process does not serve the registration socket %s", r.path)
+	}
 	conn, err := grpc.NewClient("unix://"+r.path, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		return fmt.Errorf("connect to the registration socket %s: %w", r.path, err)
 	}
 	defer func() { _ = conn.Close() }()
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	ctx, cancel := context.WithTimeout(runCtx, timeout)
 	defer cancel()
 	info, err := registerapi.NewRegistrationClient(conn).GetInfo(ctx, &registerapi.InfoRequest{})
 	if err != nil {
@@ -180,9 +193,17 @@ func (r *registration) run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("registration socket: %w", err)
 	}
+	r.mu.Lock()
+	r.ctx = ctx
+	r.mu.Unlock()
+	defer func() {
+		r.mu.Lock()
+		r.ctx = nil
+		r.mu.Unlock()
+	}()
 	backoff := r.retryStart
 	for {
-		start := time.Now()
+		start := r.clock.Now()
 		srv := r.serve(ctx, l)
 		logger.Info("Serving the plugin registration socket", "socket", r.path)
 		again := r.watch(ctx, l, &backoff)
@@ -190,7 +211,7 @@ func (r *registration) run(ctx context.Context) error {
 		_ = l.Close()
 		r.stopServing()
 		if !again {
-			logger.Info("Stopped serving the plugin registration socket", "socket", r.path, "servedFor", time.Since(start).Round(time.Second))
+			logger.Info("Stopped serving the plugin registration socket", "socket", r.path, "servedFor", r.clock.Since(start).Round(time.Second))
 			return nil
 		}
 		// Create it again; failures here (a full disk, a file put in the
@@ -201,7 +222,7 @@ func (r *registration) run(ctx context.Context) error {
 				break
 			}
 			logger.Error(err, "Could not create the registration socket again; retrying", "socket", r.path, "retryAfter", backoff)
-			if !sleep(ctx, backoff) {
+			if !r.sleep(ctx, backoff) {
 				return nil
 			}
 			backoff = min(2*backoff, r.retryMax)
@@ -223,7 +244,7 @@ func (r *registration) serve(ctx context.Context, l *unixsock.Listener) *grpc.Se
 	r.confirmed = false
 	r.serving = true
 	if r.failure == "" {
-		r.since = time.Now()
+		r.since = r.clock.Now()
 	}
 	r.mu.Unlock()
 	go func() {
@@ -241,7 +262,7 @@ func (r *registration) stopServing() {
 	defer r.mu.Unlock()
 	r.serving = false
 	r.confirmed = false
-	r.since = time.Now()
+	r.since = r.clock.Now()
 }
 
 // watch waits until ctx ends (false) or the socket must be created again
@@ -250,7 +271,7 @@ func (r *registration) stopServing() {
 // with each failure and starts again after a success.
 func (r *registration) watch(ctx context.Context, l *unixsock.Listener, backoff *time.Duration) bool {
 	logger := klog.FromContext(ctx)
-	tick := time.NewTicker(r.checkEvery)
+	tick := r.clock.NewTicker(r.checkEvery)
 	defer tick.Stop()
 	var retry <-chan time.Time
 	replaced := false
@@ -268,12 +289,12 @@ func (r *registration) watch(ctx context.Context, l *unixsock.Listener, backoff 
 				*backoff = r.retryStart
 			case retry == nil:
 				logger.Info("Creating the registration socket again after a pause, so that kubelet retries the registration", "socket", r.path, "after", *backoff)
-				retry = time.After(*backoff)
+				retry = r.clock.After(*backoff)
 				*backoff = min(2**backoff, r.retryMax)
 			}
 		case <-retry:
 			return true
-		case <-tick.C:
+		case <-tick.C():
 			mine, err := l.InPlace()
 			if err != nil {
 				logger.V(2).Info("Could not check the registration socket", "socket", r.path, "err", err.Error())
@@ -300,13 +321,13 @@ func (r *registration) watch(ctx context.Context, l *unixsock.Listener, backoff 
 }
 
 // sleep waits d or until ctx ends (false).
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
+func (r *registration) sleep(ctx context.Context, d time.Duration) bool {
+	t := r.clock.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-ctx.Done():
 		return false
-	case <-t.C:
+	case <-t.C():
 		return true
 	}
 }

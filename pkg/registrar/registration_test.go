@@ -276,6 +276,8 @@ func TestRegistrationVanishedSocketIsRecreated(t *testing.T) {
 // there after this registrar stopped.
 func TestRegistrationLeavesAReplacementAlone(t *testing.T) {
 	cfg := kubeletConfig(t, newFakeDriver(0))
+	// The other process never answers GetInfo: each Healthy waits this out.
+	cfg.HealthTimeout = 50 * time.Millisecond
 	_, ctx := ktesting.NewTestContext(t)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
