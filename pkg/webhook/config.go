@@ -10,6 +10,7 @@ import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/clock"
 
 	"github.com/loopvol/loopvol/internal/kube"
 )
@@ -73,6 +74,10 @@ type Config struct {
 	ClassCheckTimeout time.Duration
 	// Registerer receives the webhook's metrics. Optional.
 	Registerer prometheus.Registerer
+	// Clock drives the certificate checks and the caBundle resync.
+	// Optional: nil is the real clock; tests step a fake one instead of
+	// waiting. (A review's latency is always measured in real time.)
+	Clock clock.WithTicker
 }
 
 // Validate reports the first field that cannot work.

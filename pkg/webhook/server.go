@@ -24,6 +24,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
 
 	"github.com/loopvol/loopvol/internal/kube"
 )
@@ -61,6 +62,9 @@ func New(cfg Config) (*Webhook, error) {
 	}
 	if cfg.ClassCheckTimeout == 0 {
 		cfg.ClassCheckTimeout = DefaultClassCheckTimeout
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.RealClock{}
 	}
 	classes := cfg.Informers.StorageClasses()
 	volumes := cfg.Informers.PersistentVolumes(kube.PVCapacity)
@@ -111,7 +115,8 @@ const certificateLog = time.Minute
 // capacity and resizer controllers with it, for nothing.
 func (w *Webhook) awaitCertificate(ctx context.Context) bool {
 	logger := klog.FromContext(ctx)
-	tick := time.NewTicker(w.cfg.CertCheckInterval)
+	clk := w.cfg.Clock
+	tick := clk.NewTicker(w.cfg.CertCheckInterval)
 	defer tick.Stop()
 	var said string
 	var saidAt time.Time
@@ -126,15 +131,15 @@ func (w *Webhook) awaitCertificate(ctx context.Context) bool {
 		}
 		why := err.Error()
 		w.waiting.Store(&why)
-		if why != said || time.Since(saidAt) >= certificateLog {
+		if why != said || clk.Since(saidAt) >= certificateLog {
 			logger.Info("Waiting for the serving certificate; until it comes, the API server's calls fail and the webhook configuration's failurePolicy applies",
 				"certDir", w.cfg.CertDir, "reason", why)
-			said, saidAt = why, time.Now()
+			said, saidAt = why, clk.Now()
 		}
 		select {
 		case <-ctx.Done():
 			return false
-		case <-tick.C:
+		case <-tick.C():
 		}
 	}
 }
@@ -172,9 +177,10 @@ func (w *Webhook) Run(ctx context.Context) error {
 	defer w.ready.Store(false)
 
 	w.syncCABundle(ctx)
-	tick := time.NewTicker(w.cfg.CertCheckInterval)
+	clk := w.cfg.Clock
+	tick := clk.NewTicker(w.cfg.CertCheckInterval)
 	defer tick.Stop()
-	lastResync := time.Now()
+	lastResync := clk.Now()
 	for {
 		select {
 		case <-ctx.Done():
@@ -184,15 +190,15 @@ func (w *Webhook) Run(ctx context.Context) error {
 			return nil
 		case err := <-errc:
 			return fmt.Errorf("webhook server: %w", err)
-		case <-tick.C:
+		case <-tick.C():
 			changed, err := w.reload()
 			if err != nil {
 				logger.Error(err, "Keeping the previous certificate")
 			} else if changed {
 				logger.Info("Certificate reloaded", "certDir", w.cfg.CertDir)
 			}
-			if changed || !w.caSynced() || time.Since(lastResync) >= caBundleResync {
-				lastResync = time.Now()
+			if changed || !w.caSynced() || clk.Since(lastResync) >= caBundleResync {
+				lastResync = clk.Now()
 				w.syncCABundle(ctx)
 			}
 		}

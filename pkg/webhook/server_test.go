@@ -23,6 +23,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/klog/v2/ktesting"
+	testingclock "k8s.io/utils/clock/testing"
 
 	"github.com/loopvol/loopvol/internal/harness/testcert"
 	"github.com/loopvol/loopvol/internal/kube"
@@ -149,10 +150,11 @@ func TestRunRotatesCertificate(t *testing.T) {
 		Webhooks: []admissionregistrationv1.ValidatingWebhook{{Name: "x.example.com"}}}
 	client := fake.NewClientset(vwc, other)
 	addr := freeAddress(t)
+	clk := testingclock.NewFakeClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
 	w, err := New(Config{
 		DriverName: testDriver, Informers: kube.NewInformers(client, 0), Namespace: "loopvol", CSI: &fakeCSI{},
 		Address: addr, CertDir: dir, ConfigName: "loopvol-webhook",
-		Configs: client.AdmissionregistrationV1().ValidatingWebhookConfigurations(), CertCheckInterval: 20 * time.Millisecond,
+		Configs: client.AdmissionregistrationV1().ValidatingWebhookConfigurations(), Clock: clk,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -184,7 +186,7 @@ func TestRunRotatesCertificate(t *testing.T) {
 	}
 	waitCA := func(ca []byte) {
 		t.Helper()
-		err := wait.PollUntilContextTimeout(ctx, 10*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		err := stepUntil(ctx, clk, func(ctx context.Context) (bool, error) {
 			got, err := client.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, "loopvol-webhook", metav1.GetOptions{})
 			if err != nil {
 				return false, err
@@ -200,7 +202,7 @@ func TestRunRotatesCertificate(t *testing.T) {
 			t.Fatalf("caBundle never became the CA: %v", err)
 		}
 	}
-	if err := wait.PollUntilContextTimeout(ctx, 10*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+	if err := stepUntil(ctx, clk, func(context.Context) (bool, error) {
 		return post(ca1) == nil, nil
 	}); err != nil {
 		t.Fatalf("never served with the first CA: %v", err)
@@ -208,7 +210,7 @@ func TestRunRotatesCertificate(t *testing.T) {
 	waitCA(ca1)
 
 	ca2 := testcert.Loopback(t).Write(t, dir)
-	if err := wait.PollUntilContextTimeout(ctx, 10*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+	if err := stepUntil(ctx, clk, func(context.Context) (bool, error) {
 		return post(ca2) == nil, nil
 	}); err != nil {
 		t.Fatalf("never served the rotated certificate: %v", err)
@@ -288,9 +290,10 @@ func TestRunWaitsForTheCertificate(t *testing.T) {
 	dir := t.TempDir()
 	client := fake.NewClientset()
 	addr := freeAddress(t)
+	clk := testingclock.NewFakeClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
 	w, err := New(Config{
 		DriverName: testDriver, Informers: kube.NewInformers(client, 0), Namespace: "loopvol", CSI: &fakeCSI{},
-		Address: addr, CertDir: dir, CertCheckInterval: 20 * time.Millisecond,
+		Address: addr, CertDir: dir, Clock: clk,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -310,10 +313,17 @@ func TestRunWaitsForTheCertificate(t *testing.T) {
 	}); err != nil {
 		t.Fatalf("Ready never said it waits for %s: %v", CertFile, w.Ready())
 	}
+	// Two more minutes of checks, each of them failing again (each
+	// records why anew), end neither the wait nor Run.
+	for range 2 * int(certificateLog/DefaultCertCheckInterval) {
+		before := w.waiting.Load()
+		clk.Step(DefaultCertCheckInterval)
+		eventually(t, "another check of the certificate files", func() bool { return w.waiting.Load() != before })
+	}
 	select {
 	case err := <-done:
 		t.Fatalf("Run ended without a certificate: %v", err)
-	case <-time.After(200 * time.Millisecond):
+	default:
 	}
 	if c, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
 		c.Close()
@@ -324,7 +334,7 @@ func TestRunWaitsForTheCertificate(t *testing.T) {
 	pool := x509.NewCertPool()
 	pool.AppendCertsFromPEM(ca)
 	c := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}, DisableKeepAlives: true}, Timeout: 5 * time.Second}
-	if err := wait.PollUntilContextTimeout(ctx, 10*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+	if err := stepUntil(ctx, clk, func(context.Context) (bool, error) {
 		rsp, err := c.Post("https://"+addr+Path, "application/json", bytes.NewReader(reviewBody(t, pvcRequest(t, admissionv1.Create, claim("lv", gi, ""), nil))))
 		if err != nil {
 			return false, nil
@@ -336,5 +346,25 @@ func TestRunWaitsForTheCertificate(t *testing.T) {
 	}
 	if err := w.Ready(); err != nil {
 		t.Fatalf("serving, but Ready: %v", err)
+	}
+}
+
+// stepUntil polls cond every 10 ms, for 30 s at most, and steps clk by the
+// certificate check interval before each poll: the webhook checks its
+// files when the clock says so, not when real time has passed.
+func stepUntil(ctx context.Context, clk *testingclock.FakeClock, cond func(context.Context) (bool, error)) error {
+	return wait.PollUntilContextTimeout(ctx, 10*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		clk.Step(DefaultCertCheckInterval)
+		return cond(ctx)
+	})
+}
+
+// eventually waits until cond holds, polling every millisecond, and fails
+// t after 30 s.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	if err := wait.PollUntilContextTimeout(context.Background(), time.Millisecond, 30*time.Second, true,
+		func(context.Context) (bool, error) { return cond(), nil }); err != nil {
+		t.Fatalf("%s: not reached after 30s", what)
 	}
 }
