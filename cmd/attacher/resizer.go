@@ -11,6 +11,7 @@ import (
 	"k8s.io/component-base/featuregate"
 	"k8s.io/klog/v2"
 
+	"github.com/loopvol/loopvol/pkg/modify"
 	"github.com/loopvol/loopvol/pkg/resize"
 )
 
@@ -111,7 +112,7 @@ func buildResizer(d *deps) (*runner, error) {
 	}); ok {
 		explicit = g.ExplicitlySet(volumeAttributesClassGate)
 	}
-	mc, err := resize.NewModifyController(resize.ModifyConfig{
+	mc, err := modify.New(modify.Config{
 		DriverName:          d.driver,
 		Client:              d.client,
 		CSI:                 d.csi,

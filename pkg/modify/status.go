@@ -1,4 +1,4 @@
-package resize
+package modify
 
 import (
 	"context"
@@ -10,10 +10,7 @@ import (
 	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 
 	"github.com/loopvol/loopvol/internal/kube"
@@ -116,12 +113,12 @@ func driverStatus(err error) (string, string) {
 	return st.Code().String(), st.Message()
 }
 
-// modifyClaimPatch is the merge patch of the status subresource that turns
+// claimPatch is the merge patch of the status subresource that turns
 // old into new in the fields the modify controller writes:
 // modifyVolumeStatus, currentVolumeAttributesClassName and the conditions
 // (the whole list). It carries old's resourceVersion; nil when nothing
 // changed.
-func modifyClaimPatch(old, new *corev1.PersistentVolumeClaim) []byte {
+func claimPatch(old, new *corev1.PersistentVolumeClaim) []byte {
 	status := map[string]any{}
 	if !equality.Semantic.DeepEqual(old.Status.ModifyVolumeStatus, new.Status.ModifyVolumeStatus) {
 		var v any
@@ -159,73 +156,8 @@ func volumeClassPatch(pv *corev1.PersistentVolume, name string) []byte {
 	return kube.MustJSON(map[string]any{"spec": map[string]any{"volumeAttributesClassName": name}})
 }
 
-// patchClaim writes a change of pvc's modification status (patchStatus,
-// with modifyClaimPatch).
-func (c *ModifyController) patchClaim(ctx context.Context, pvc *corev1.PersistentVolumeClaim, onLive bool, change func(*corev1.PersistentVolumeClaim)) (*corev1.PersistentVolumeClaim, error) {
-	return patchStatus(ctx, c.client, c.state, pvc, onLive, change, modifyClaimPatch)
-}
-
-// patchVolume writes a merge patch of pv (writeVolumePatch).
-func (c *ModifyController) patchVolume(ctx context.Context, pv *corev1.PersistentVolume, data []byte) error {
-	return writeVolumePatch(ctx, c.client, c.state, pv, data)
-}
-
-// patchStatus applies change to a copy of pvc and writes the difference,
-// as patchOf computes it (with pvc's resourceVersion as a precondition), to
-// the status subresource. It returns the claim as written (pvc itself when
-// nothing changed), and records the write in state. On a conflict it reads
-// the claim again and, when onLive (the outcome of a driver call, a fact
-// whatever the claim's version), applies change to the live copy once more;
-// otherwise it fails and marks the claim to be read live by the next sync.
-// The resize controller's patchClaim does the same with claimPatch.
-func patchStatus(ctx context.Context, client KubeClient, state *claimState, pvc *corev1.PersistentVolumeClaim, onLive bool,
-	change func(*corev1.PersistentVolumeClaim), patchOf func(old, new *corev1.PersistentVolumeClaim) []byte) (*corev1.PersistentVolumeClaim, error) {
-	key := claimKey(pvc)
-	for try := 0; ; try++ {
-		next := pvc.DeepCopy()
-		change(next)
-		data := patchOf(pvc, next)
-		if data == nil {
-			return pvc, nil
-		}
-		if err := kube.StillLeading(ctx); err != nil {
-			return pvc, err
-		}
-		klog.FromContext(ctx).V(5).Info("Patching PersistentVolumeClaim status", "patch", string(data))
-		out, err := client.CoreV1().PersistentVolumeClaims(pvc.Namespace).Patch(ctx, pvc.Name, types.MergePatchType, data, metav1.PatchOptions{}, "status")
-		if err == nil {
-			state.recordWrite(key, out.ResourceVersion)
-			return out, nil
-		}
-		if !apierrors.IsConflict(err) {
-			return pvc, err
-		}
-		if !onLive || try > 0 {
-			state.readLive(key)
-			return pvc, err
-		}
-		live, gerr := client.CoreV1().PersistentVolumeClaims(pvc.Namespace).Get(ctx, pvc.Name, metav1.GetOptions{})
-		if gerr != nil {
-			return pvc, fmt.Errorf("%w (and reading it again: %w)", err, gerr)
-		}
-		pvc = live
-	}
-}
-
-// writeVolumePatch writes a merge patch (nil: nothing to do) to pv and
-// records the resourceVersion it produced in state.
-func writeVolumePatch(ctx context.Context, client KubeClient, state *claimState, pv *corev1.PersistentVolume, data []byte) error {
-	if data == nil {
-		return nil
-	}
-	if err := kube.StillLeading(ctx); err != nil {
-		return err
-	}
-	klog.FromContext(ctx).V(5).Info("Patching PersistentVolume", "patch", string(data))
-	out, err := client.CoreV1().PersistentVolumes().Patch(ctx, pv.Name, types.MergePatchType, data, metav1.PatchOptions{})
-	if err != nil {
-		return err
-	}
-	state.recordWrite(pvKey(pv.Name), out.ResourceVersion)
-	return nil
+// patchClaim writes a change of pvc's modification status
+// (kube.ClaimQueue.PatchClaimStatus with claimPatch).
+func (c *Controller) patchClaim(ctx context.Context, pvc *corev1.PersistentVolumeClaim, onLive bool, change func(*corev1.PersistentVolumeClaim)) (*corev1.PersistentVolumeClaim, error) {
+	return c.claims.PatchClaimStatus(ctx, pvc, onLive, change, claimPatch)
 }

@@ -1,4 +1,4 @@
-package resize
+package modify
 
 // Names of the modify controller shared with Kubernetes and the upstream
 // external-resizer.
@@ -9,14 +9,14 @@ const (
 	ReasonModifySucceeded = "VolumeModifySuccessful"
 	ReasonModifyCancelled = "VolumeModifyCanceled"
 
-	// ModifySecretNameAnnotation and ModifySecretNamespaceAnnotation on a
+	// SecretNameAnnotation and SecretNamespaceAnnotation on a
 	// PersistentVolume name the Secret whose data is the secrets of
 	// ControllerModifyVolume; external-provisioner sets them from the
 	// StorageClass parameters csi.storage.k8s.io/controller-modify-secret-name
 	// and -namespace. Without them the volume's controllerExpandSecretRef is
 	// used, as upstream does.
-	ModifySecretNameAnnotation      = "volume.kubernetes.io/controller-modify-secret-name"
-	ModifySecretNamespaceAnnotation = "volume.kubernetes.io/controller-modify-secret-namespace"
+	SecretNameAnnotation      = "volume.kubernetes.io/controller-modify-secret-name"
+	SecretNamespaceAnnotation = "volume.kubernetes.io/controller-modify-secret-namespace"
 
 	// The mutable parameters --extra-modify-metadata adds.
 	ParameterPVCName      = "csi.storage.k8s.io/pvc/name"
@@ -24,8 +24,14 @@ const (
 	ParameterPVName       = "csi.storage.k8s.io/pv/name"
 )
 
-// ModifyQueueName is the name of the modify controller's work queue in the
+// QueueName is the name of the modify controller's work queue in the
 // workqueue metrics: "<driver name>-pvc-modify". Upstream names it
 // "<driver name>-pvc" like the resize queue; two queues of one name would
 // share (and overwrite) each other's gauges in one process.
-func ModifyQueueName(driver string) string { return driver + "-pvc-modify" }
+func QueueName(driver string) string { return driver + "-pvc-modify" }
+
+// EventComponent is the source component of the Events the controller
+// records when Config.Recorder is nil: "external-resizer <driver name>",
+// upstream's, whose one binary runs the resize and the modify controllers
+// (resize.EventComponent is the same).
+func EventComponent(driver string) string { return "external-resizer " + driver }

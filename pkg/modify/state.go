@@ -1,4 +1,4 @@
-package resize
+package modify
 
 import (
 	"sync"
@@ -11,7 +11,7 @@ import (
 )
 
 // modifyState is what the modify controller remembers between syncs, per
-// claim key, besides its own writes (claimState). Lost on a restart, as
+// claim key, besides its own writes (kube.ClaimQueue.Writes). Lost on a restart, as
 // upstream's: every claim found InProgress is then uncertain, and an
 // infeasible class is tried once more.
 type modifyState struct {
@@ -90,11 +90,11 @@ func (s *modifyState) drop(key string) {
 	delete(s.infeasibleAt, key)
 }
 
-// newModifyMetrics builds the modify controller's own metrics
+// newMetrics builds the modify controller's own metrics
 // (kube.ClaimMetrics: modifications applied, failed ControllerModifyVolume
 // attempts by gRPC code) and registers them on reg (when not nil). The
-// workqueue metrics are the queue's named by ModifyQueueName.
-func newModifyMetrics(reg prometheus.Registerer) (*kube.ClaimMetrics, error) {
+// workqueue metrics are the queue's named by QueueName.
+func newMetrics(reg prometheus.Registerer) (*kube.ClaimMetrics, error) {
 	return kube.NewClaimMetrics(reg, prometheus.CounterOpts{
 		Name: "loopvol_resizer_modifies_total",
 		Help: "VolumeAttributesClass modifications applied: the driver accepted the class and the claim and its volume name it.",

@@ -1,10 +1,9 @@
-package resize
+package modify
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -13,10 +12,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/client-go/kubernetes/scheme"
-	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
-	corelisters "k8s.io/client-go/listers/core/v1"
 	storagelisters "k8s.io/client-go/listers/storage/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
@@ -27,15 +22,9 @@ import (
 	"github.com/loopvol/loopvol/pkg/csiclient"
 )
 
-// The modify controller lives beside the resize controller because
-// upstream's external-resizer is one binary with both, under one Lease and
-// one Event source, and because they share what they know about claims: the
-// claim and volume caches, the bookkeeping of the controller's own writes
-// (claimState), node affinity for --node-deployment and the names.
-
-// ModifyCSI is the part of a driver connection the modify controller uses;
+// CSI is the part of a driver connection the modify controller uses;
 // *csiclient.Client implements it.
-type ModifyCSI interface {
+type CSI interface {
 	// WaitReady blocks until the driver is connected and ready, or ctx ends.
 	WaitReady(ctx context.Context) error
 	// Capabilities returns the driver's current capabilities.
@@ -45,16 +34,16 @@ type ModifyCSI interface {
 	ControllerModifyVolume(ctx context.Context, req *csi.ControllerModifyVolumeRequest) (*csi.ControllerModifyVolumeResponse, error)
 }
 
-// ModifyConfig is what NewModifyController needs.
-type ModifyConfig struct {
+// Config is what New needs.
+type Config struct {
 	// DriverName is the CSI driver's name: only claims bound to
 	// PersistentVolumes of this driver, and VolumeAttributesClasses whose
 	// driverName is this one, are acted on.
 	DriverName string
 	// Client talks to the Kubernetes API.
-	Client KubeClient
+	Client kube.Client
 	// CSI is the driver connection.
-	CSI ModifyCSI
+	CSI CSI
 	// Informers are the process's shared informers; the caller starts them.
 	// The controller reads PersistentVolumeClaims, PersistentVolumes and
 	// VolumeAttributesClasses.
@@ -89,7 +78,7 @@ type ModifyConfig struct {
 }
 
 // Validate reports the first field of c that cannot work.
-func (c ModifyConfig) Validate() error {
+func (c Config) Validate() error {
 	switch {
 	case c.DriverName == "":
 		return errors.New("the driver name is empty")
@@ -107,8 +96,9 @@ func (c ModifyConfig) Validate() error {
 	return kube.ValidateBackoff(c.RetryIntervalStart, c.RetryIntervalMax)
 }
 
-// ModifyController is the VolumeAttributesClass modify controller: a
-// drop-in for the upstream external-resizer's (pkg/modifycontroller).
+// Controller is the VolumeAttributesClass modify controller: a drop-in
+// for the upstream external-resizer's (pkg/modifycontroller). Build it with
+// New, start it with Run.
 //
 // For every bound claim of the driver whose spec.volumeAttributesClassName
 // differs from status.currentVolumeAttributesClassName (or that has a
@@ -140,51 +130,58 @@ func (c ModifyConfig) Validate() error {
 // A claim whose class was set back to none before anything was applied is
 // "rolled back": the ModifyingVolume condition goes, Event
 // VolumeModifyCanceled.
-type ModifyController struct {
-	cfg      ModifyConfig
-	client   KubeClient
-	csi      ModifyCSI
-	recorder record.EventRecorder
-	clock    clock.PassiveClock
+type Controller struct {
+	cfg    Config
+	client kube.Client
+	csi    CSI
+	clock  clock.PassiveClock
 
-	pvcInformer cache.SharedIndexInformer
-	pvInformer  cache.SharedIndexInformer
 	vacInformer cache.SharedIndexInformer
-	pvcLister   corelisters.PersistentVolumeClaimLister
-	pvLister    corelisters.PersistentVolumeLister
 	vacLister   storagelisters.VolumeAttributesClassLister
 
-	claimQueue
+	// claims is the work loop, the caches and the record of the
+	// controller's own writes, as the resize controller has its own.
+	claims  *kube.ClaimQueue
 	mods    *modifyState
 	metrics *kube.ClaimMetrics
 }
 
-// NewModifyController builds a modify controller over the shared
-// informers. Like New, it adds no event handlers: Run does.
-func NewModifyController(cfg ModifyConfig) (*ModifyController, error) {
+// New builds a modify controller over the shared informers. It adds no
+// event handlers: Run does, so that a replica waiting for its Lease keeps
+// a warm cache and an empty queue.
+func New(cfg Config) (*Controller, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("modify controller: %w", err)
 	}
-	m, err := newModifyMetrics(cfg.Registerer)
+	m, err := newMetrics(cfg.Registerer)
 	if err != nil {
 		return nil, fmt.Errorf("modify controller metrics: %w", err)
 	}
-	c := &ModifyController{
-		cfg:        cfg,
-		client:     cfg.Client,
-		csi:        cfg.CSI,
-		recorder:   cfg.Recorder,
-		clock:      clock.RealClock{},
-		claimQueue: newClaimQueue(ModifyQueueName(cfg.DriverName), cfg.Informers, cfg.RetryIntervalStart, cfg.RetryIntervalMax, cfg.CSI.WaitReady),
-		mods:       newModifyState(),
-		metrics:    m,
+	c := &Controller{
+		cfg:     cfg,
+		client:  cfg.Client,
+		csi:     cfg.CSI,
+		clock:   clock.RealClock{},
+		mods:    newModifyState(),
+		metrics: m,
 	}
-	c.syncKey, c.wants = c.sync, c.shouldEnqueue
-	c.pvcInformer = cfg.Informers.PersistentVolumeClaims()
-	c.pvInformer = cfg.Informers.PersistentVolumes(kube.PVResize)
+	c.claims = kube.NewClaimQueue(kube.ClaimQueueConfig{
+		Controller:         "modify",
+		Name:               QueueName(cfg.DriverName),
+		DriverName:         cfg.DriverName,
+		Client:             cfg.Client,
+		Informers:          cfg.Informers,
+		Recorder:           cfg.Recorder,
+		EventComponent:     EventComponent(cfg.DriverName),
+		Resync:             cfg.Resync,
+		RetryIntervalStart: cfg.RetryIntervalStart,
+		RetryIntervalMax:   cfg.RetryIntervalMax,
+		Ready:              cfg.CSI.WaitReady,
+		Sync:               c.sync,
+		Wants:              c.shouldEnqueue,
+		Forget:             func(key string, _ *corev1.PersistentVolumeClaim) { c.mods.drop(key) },
+	})
 	c.vacInformer = cfg.Informers.VolumeAttributesClasses()
-	c.pvcLister = corelisters.NewPersistentVolumeClaimLister(c.pvcInformer.GetIndexer())
-	c.pvLister = corelisters.NewPersistentVolumeLister(c.pvInformer.GetIndexer())
 	c.vacLister = storagelisters.NewVolumeAttributesClassLister(c.vacInformer.GetIndexer())
 	return c, nil
 }
@@ -193,50 +190,21 @@ func NewModifyController(cfg ModifyConfig) (*ModifyController, error) {
 // ctx ends, then waits for them to finish their current claim. It returns
 // nil when ctx ends (or at once when ProbeAPI finds no
 // VolumeAttributesClass API), and an error only when it could not start.
-func (c *ModifyController) Run(ctx context.Context) error {
-	logger := klog.FromContext(ctx)
-	defer c.queue.ShutDown()
+func (c *Controller) Run(ctx context.Context) error {
 	if c.cfg.ProbeAPI && !c.apiServed(ctx) {
+		c.claims.Queue.ShutDown()
 		return nil
 	}
-	if c.recorder == nil {
-		events := record.NewBroadcaster(record.WithContext(ctx))
-		events.StartStructuredLogging(3)
-		events.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: c.client.CoreV1().Events("")})
-		defer events.Shutdown()
-		c.recorder = events.NewRecorder(scheme.Scheme, corev1.EventSource{Component: EventComponent(c.cfg.DriverName)})
-	}
-	handlers, err := c.addEventHandlers(logger)
-	if err != nil {
-		return fmt.Errorf("modify controller: event handlers: %w", err)
-	}
-	defer handlers.Remove(logger)
-
-	logger.Info("Starting the modify controller", "driver", c.cfg.DriverName, "workers", c.cfg.Workers,
-		"queue", c.queue.Name, "extraModifyMetadata", c.cfg.ExtraModifyMetadata)
-	synced := append([]cache.InformerSynced{c.pvcInformer.HasSynced, c.pvInformer.HasSynced, c.vacInformer.HasSynced}, handlers.Synced()...)
-	if !cache.WaitForNamedCacheSyncWithContext(ctx, synced...) {
-		return nil // ctx ended
-	}
-	c.initUncertain(logger)
-	var wg sync.WaitGroup
-	for range c.cfg.Workers {
-		wg.Go(func() { wait.UntilWithContext(ctx, c.worker, time.Second) })
-	}
-	logger.Info("Modify controller started")
-	<-ctx.Done()
-	logger.Info("Stopping the modify controller")
-	c.queue.ShutDown()
-	wg.Wait()
-	logger.Info("Modify controller stopped")
-	return nil
+	klog.FromContext(ctx).Info("Starting the modify controller", "driver", c.cfg.DriverName, "workers", c.cfg.Workers,
+		"queue", c.claims.Queue.Name, "extraModifyMetadata", c.cfg.ExtraModifyMetadata)
+	return c.claims.Run(ctx, c.cfg.Workers, c.addClassHandler, c.initUncertain)
 }
 
 // apiServed tells whether the API server serves VolumeAttributesClasses.
 // Only a NotFound says no: any other failure leaves the controller on, as
 // upstream's discovery probe does, since the informer then waits for the
 // API server anyway.
-func (c *ModifyController) apiServed(ctx context.Context) bool {
+func (c *Controller) apiServed(ctx context.Context) bool {
 	logger := klog.FromContext(ctx)
 	_, err := c.client.StorageV1().VolumeAttributesClasses().List(ctx, metav1.ListOptions{Limit: 1})
 	switch {
@@ -253,17 +221,17 @@ func (c *ModifyController) apiServed(ctx context.Context) bool {
 // initUncertain marks every claim whose modification is InProgress as
 // uncertain: a previous run may have called the driver without seeing the
 // answer, so its target is kept until the driver answers for certain.
-func (c *ModifyController) initUncertain(logger klog.Logger) {
-	claims, err := c.pvcLister.List(labels.Everything())
+func (c *Controller) initUncertain(logger klog.Logger) {
+	claims, err := c.claims.PVCs.List(labels.Everything())
 	if err != nil {
 		logger.Error(err, "Listing the cached claims for modifications in progress failed")
 		return
 	}
 	for _, pvc := range claims {
 		if s := pvc.Status.ModifyVolumeStatus; s != nil && s.Status == corev1.PersistentVolumeClaimModifyVolumeInProgress {
-			c.mods.setUncertain(claimKey(pvc), true)
+			c.mods.setUncertain(kube.ClaimKey(pvc), true)
 		}
 	}
 }
 
-var _ ModifyCSI = (*csiclient.Client)(nil)
+var _ CSI = (*csiclient.Client)(nil)

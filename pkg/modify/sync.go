@@ -1,4 +1,4 @@
-package resize
+package modify
 
 import (
 	"context"
@@ -13,8 +13,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 
@@ -25,36 +23,12 @@ import (
 // sync brings one claim's volume to the VolumeAttributesClass the claim
 // asks for. It returns nil when there is nothing to do: the claim is gone,
 // not bound, not this driver's, or has its class.
-func (c *ModifyController) sync(ctx context.Context, key string) error {
-	ns, name, err := cache.SplitMetaNamespaceKey(key)
-	if err != nil {
-		return permanent(fmt.Errorf("bad claim key %q: %w", key, err))
-	}
-	pvc, err := c.pvcLister.PersistentVolumeClaims(ns).Get(name)
-	if apierrors.IsNotFound(err) {
-		return nil
-	}
-	if err != nil {
+func (c *Controller) sync(ctx context.Context, key string) error {
+	pvc, err := c.claims.Claim(ctx, key)
+	if err != nil || pvc == nil || pvc.Status.Phase != corev1.ClaimBound {
 		return err
 	}
-	if pvc.Spec.VolumeName == "" {
-		return nil
-	}
-	if c.state.stale(key, pvc.ResourceVersion) {
-		// The cache has not seen the controller's last write yet, or a
-		// write conflicted: decide on the live object.
-		pvc, err = c.client.CoreV1().PersistentVolumeClaims(ns).Get(ctx, name, metav1.GetOptions{})
-		if apierrors.IsNotFound(err) {
-			return nil
-		}
-		if err != nil {
-			return fmt.Errorf("read PersistentVolumeClaim %s: %w", key, err)
-		}
-	}
-	if pvc.Status.Phase != corev1.ClaimBound {
-		return nil
-	}
-	pv, err := liveVolume(ctx, c.pvLister, c.client, c.state, pvc.Spec.VolumeName)
+	pv, err := c.claims.Volume(ctx, pvc.Spec.VolumeName)
 	if err != nil || pv == nil || pv.Spec.CSI == nil || pv.Spec.CSI.Driver != c.cfg.DriverName {
 		return err
 	}
@@ -77,7 +51,7 @@ func (c *ModifyController) sync(ctx context.Context, key string) error {
 	// The same infeasible class is not tried again before
 	// RetryIntervalMax; a new class is tried at once.
 	if left, ok := c.mods.recentlyInfeasible(key, pvc, c.clock.Now(), c.cfg.RetryIntervalMax); ok {
-		return permanent(fmt.Errorf("modifying to VolumeAttributesClass %s was infeasible; the driver is asked again in %s, or at once when the claim's class changes",
+		return kube.Permanent(fmt.Errorf("modifying to VolumeAttributesClass %s was infeasible; the driver is asked again in %s, or at once when the claim's class changes",
 			st.TargetVolumeAttributesClassName, left.Round(time.Second)))
 	}
 	inProgress := st != nil && st.Status == corev1.PersistentVolumeClaimModifyVolumeInProgress
@@ -87,7 +61,7 @@ func (c *ModifyController) sync(ctx context.Context, key string) error {
 		return c.rolledBack(ctx, pvc)
 	}
 	if !c.csi.Capabilities().ModifyVolume {
-		return permanent(fmt.Errorf("driver %s does not offer MODIFY_VOLUME (ControllerModifyVolume)", c.cfg.DriverName))
+		return kube.Permanent(fmt.Errorf("driver %s does not offer MODIFY_VOLUME (ControllerModifyVolume)", c.cfg.DriverName))
 	}
 	if (inProgress && c.mods.uncertain(key)) || want == "" {
 		// The driver may still be applying the recorded target: finish it
@@ -122,17 +96,17 @@ func (c *ModifyController) sync(ctx context.Context, key string) error {
 	if err != nil {
 		return fmt.Errorf("mark PersistentVolumeClaim %s as modifying: %w", key, err)
 	}
-	c.recorder.Event(pvc, corev1.EventTypeNormal, ReasonModify, fmt.Sprintf("external resizer is modifying volume %s with vac %s", pvc.Name, vac.Name))
+	c.claims.Recorder.Event(pvc, corev1.EventTypeNormal, ReasonModify, fmt.Sprintf("external resizer is modifying volume %s with vac %s", pvc.Name, vac.Name))
 	return c.modifyTo(ctx, key, pvc, pv, vac)
 }
 
 // class returns the VolumeAttributesClass name from the cache. One that
 // does not exist is recorded as a VolumeModifyFailed Event, and its
 // NotFound returned.
-func (c *ModifyController) class(pvc *corev1.PersistentVolumeClaim, name string) (*storagev1.VolumeAttributesClass, error) {
+func (c *Controller) class(pvc *corev1.PersistentVolumeClaim, name string) (*storagev1.VolumeAttributesClass, error) {
 	vac, err := c.vacLister.Get(name)
 	if apierrors.IsNotFound(err) {
-		c.recorder.Eventf(pvc, corev1.EventTypeWarning, ReasonModifyFailed, "VAC %q does not exist.", name)
+		c.claims.Recorder.Eventf(pvc, corev1.EventTypeWarning, ReasonModifyFailed, "VAC %q does not exist.", name)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("get VolumeAttributesClass %s: %w", name, err)
@@ -145,7 +119,7 @@ func (c *ModifyController) class(pvc *corev1.PersistentVolumeClaim, name string)
 // volume first: a crash between the two leaves a claim still in progress,
 // whose retry is a no-op in the driver); on failure the claim's
 // modification status and conditions.
-func (c *ModifyController) modifyTo(ctx context.Context, key string, pvc *corev1.PersistentVolumeClaim, pv *corev1.PersistentVolume, vac *storagev1.VolumeAttributesClass) error {
+func (c *Controller) modifyTo(ctx context.Context, key string, pvc *corev1.PersistentVolumeClaim, pv *corev1.PersistentVolume, vac *storagev1.VolumeAttributesClass) error {
 	logger := klog.FromContext(ctx)
 	if vac.DriverName != c.cfg.DriverName {
 		return c.modifyFailed(ctx, key, pvc, vac, otherDriver(vac, c.cfg.DriverName))
@@ -160,7 +134,7 @@ func (c *ModifyController) modifyTo(ctx context.Context, key string, pvc *corev1
 	}
 	src := pv.Spec.CSI
 	if src.VolumeHandle == "" {
-		return permanent(errors.New("the PersistentVolume's CSI source has an empty volumeHandle"))
+		return kube.Permanent(errors.New("the PersistentVolume's CSI source has an empty volumeHandle"))
 	}
 	secrets, err := c.modifySecrets(ctx, pv)
 	if err != nil {
@@ -181,13 +155,13 @@ func (c *ModifyController) modifyTo(ctx context.Context, key string, pvc *corev1
 	}
 	c.mods.setUncertain(key, false)
 	c.mods.clearInfeasible(key)
-	if err := c.patchVolume(ctx, pv, volumeClassPatch(pv, vac.Name)); err != nil {
+	if err := c.claims.PatchVolume(ctx, pv, volumeClassPatch(pv, vac.Name)); err != nil {
 		return fmt.Errorf("set the VolumeAttributesClass of PersistentVolume %s to %s: %w", pv.Name, vac.Name, err)
 	}
 	if _, err := c.patchClaim(ctx, pvc, true, func(p *corev1.PersistentVolumeClaim) { markModifyCompleted(p, vac.Name) }); err != nil {
 		return fmt.Errorf("mark PersistentVolumeClaim %s as modified: %w", key, err)
 	}
-	c.recorder.Eventf(pvc, corev1.EventTypeNormal, ReasonModifySucceeded, "external resizer modified volume %s with vac %s successfully", pvc.Name, vac.Name)
+	c.claims.Recorder.Eventf(pvc, corev1.EventTypeNormal, ReasonModifySucceeded, "external resizer modified volume %s with vac %s successfully", pvc.Name, vac.Name)
 	c.metrics.Done.Inc()
 	logger.V(2).Info("Modified volume", "volumeAttributesClass", vac.Name)
 	return nil
@@ -206,7 +180,7 @@ func otherDriver(vac *storagev1.VolumeAttributesClass, driver string) error {
 // InProgress, with the ModifyVolumeError condition, and an uncertain one
 // (not final) keeps its target. An error without a gRPC status (a missing
 // Secret) changes nothing in the claim. It returns cause for the retry.
-func (c *ModifyController) modifyFailed(ctx context.Context, key string, pvc *corev1.PersistentVolumeClaim, vac *storagev1.VolumeAttributesClass, cause error) error {
+func (c *Controller) modifyFailed(ctx context.Context, key string, pvc *corev1.PersistentVolumeClaim, vac *storagev1.VolumeAttributesClass, cause error) error {
 	code, hasCode := c.metrics.Failed(cause)
 	err := fmt.Errorf("modify volume %s to VolumeAttributesClass %s: %w", pvc.Spec.VolumeName, vac.Name, cause)
 	if !hasCode {
@@ -230,71 +204,36 @@ func (c *ModifyController) modifyFailed(ctx context.Context, key string, pvc *co
 	}); perr != nil {
 		klog.FromContext(ctx).Error(perr, "Recording the failed modification in the claim's status failed")
 	}
-	c.recorder.Event(pvc, corev1.EventTypeWarning, ReasonModifyFailed, msg)
+	c.claims.Recorder.Event(pvc, corev1.EventTypeWarning, ReasonModifyFailed, msg)
 	return err
 }
 
 // rolledBack ends a modification the user took back: the ModifyingVolume
 // condition goes (Event VolumeModifyCanceled). The modification status
 // stays: it tells what happened last, as upstream keeps it.
-func (c *ModifyController) rolledBack(ctx context.Context, pvc *corev1.PersistentVolumeClaim) error {
-	if !hasCondition(pvc, corev1.PersistentVolumeClaimVolumeModifyingVolume) {
+func (c *Controller) rolledBack(ctx context.Context, pvc *corev1.PersistentVolumeClaim) error {
+	if !kube.ClaimHasCondition(pvc, corev1.PersistentVolumeClaimVolumeModifyingVolume) {
 		return nil
 	}
 	if err := kube.StillLeading(ctx); err != nil {
 		return err
 	}
 	if _, err := c.patchClaim(ctx, pvc, false, markModifyRolledBack); err != nil {
-		return fmt.Errorf("mark the modification of PersistentVolumeClaim %s as cancelled: %w", claimKey(pvc), err)
+		return fmt.Errorf("mark the modification of PersistentVolumeClaim %s as cancelled: %w", kube.ClaimKey(pvc), err)
 	}
-	c.recorder.Event(pvc, corev1.EventTypeNormal, ReasonModifyCancelled, "Cancelled modify.")
+	c.claims.Recorder.Event(pvc, corev1.EventTypeNormal, ReasonModifyCancelled, "Cancelled modify.")
 	klog.FromContext(ctx).V(2).Info("Modification cancelled: the claim asks for no VolumeAttributesClass any more")
 	return nil
 }
 
 // modifySecrets reads the secrets of ControllerModifyVolume: the Secret the
 // volume's modify-secret annotations name, else its
-// controllerExpandSecretRef, else none. Secrets are read when needed and
-// never cached, watched or logged.
-func (c *ModifyController) modifySecrets(ctx context.Context, pv *corev1.PersistentVolume) (map[string]string, error) {
-	name, ns := pv.Annotations[ModifySecretNameAnnotation], pv.Annotations[ModifySecretNamespaceAnnotation]
-	if name == "" || ns == "" {
-		ref := pv.Spec.CSI.ControllerExpandSecretRef
-		if ref == nil {
-			return nil, nil
-		}
-		name, ns = ref.Name, ref.Namespace
+// controllerExpandSecretRef, else none (kube.ReadSecret: read when needed,
+// never cached, watched or logged).
+func (c *Controller) modifySecrets(ctx context.Context, pv *corev1.PersistentVolume) (map[string]string, error) {
+	ref := pv.Spec.CSI.ControllerExpandSecretRef
+	if name, ns := pv.Annotations[SecretNameAnnotation], pv.Annotations[SecretNamespaceAnnotation]; name != "" && ns != "" {
+		ref = &corev1.SecretReference{Namespace: ns, Name: name}
 	}
-	s, err := c.client.CoreV1().Secrets(ns).Get(ctx, name, metav1.GetOptions{})
-	if err != nil {
-		return nil, fmt.Errorf("get the modify Secret %s/%s: %w", ns, name, err)
-	}
-	out := make(map[string]string, len(s.Data))
-	for k, v := range s.Data {
-		out[k] = string(v)
-	}
-	return out, nil
-}
-
-// liveVolume returns the PersistentVolume name from the cache, or from the
-// API server when the cache lacks it or has not seen the controller's last
-// write of it (state). It returns nil when the volume does not exist.
-func liveVolume(ctx context.Context, lister interface {
-	Get(string) (*corev1.PersistentVolume, error)
-}, client KubeClient, state *claimState, name string) (*corev1.PersistentVolume, error) {
-	pv, err := lister.Get(name)
-	switch {
-	case err == nil && !state.stale(pvKey(name), pv.ResourceVersion):
-		return pv, nil
-	case err != nil && !apierrors.IsNotFound(err):
-		return nil, err
-	}
-	pv, err = client.CoreV1().PersistentVolumes().Get(ctx, name, metav1.GetOptions{})
-	if apierrors.IsNotFound(err) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("read PersistentVolume %s: %w", name, err)
-	}
-	return pv, nil
+	return kube.ReadSecret(ctx, c.client, ref, "modify")
 }

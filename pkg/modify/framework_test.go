@@ -1,0 +1,204 @@
+package modify
+
+import (
+	"context"
+	"maps"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	testingclock "k8s.io/utils/clock/testing"
+	"k8s.io/utils/ptr"
+
+	"github.com/loopvol/loopvol/internal/kube"
+	"github.com/loopvol/loopvol/internal/kube/claimtest"
+	"github.com/loopvol/loopvol/pkg/csiclient"
+)
+
+// modifyCaps is a driver with MODIFY_VOLUME.
+var modifyCaps = csiclient.Capabilities{ControllerService: true, ExpandVolume: true, ModifyVolume: true}
+
+// --- object builders (claims and volumes are claimtest's) ---
+
+// class is a VolumeAttributesClass of the driver with params.
+func class(name string, params map[string]string, opts ...func(*storagev1.VolumeAttributesClass)) *storagev1.VolumeAttributesClass {
+	vac := &storagev1.VolumeAttributesClass{
+		ObjectMeta: metav1.ObjectMeta{Name: name, ResourceVersion: "1"},
+		DriverName: claimtest.Driver,
+		Parameters: params,
+	}
+	for _, o := range opts {
+		o(vac)
+	}
+	return vac
+}
+
+// wantsClass sets the claim's spec.volumeAttributesClassName ("": none).
+func wantsClass(name string) func(*corev1.PersistentVolumeClaim) {
+	return func(pvc *corev1.PersistentVolumeClaim) {
+		if name == "" {
+			pvc.Spec.VolumeAttributesClassName = nil
+			return
+		}
+		pvc.Spec.VolumeAttributesClassName = ptr.To(name)
+	}
+}
+
+// hasClass sets the claim's status.currentVolumeAttributesClassName.
+func hasClass(name string) func(*corev1.PersistentVolumeClaim) {
+	return func(pvc *corev1.PersistentVolumeClaim) { pvc.Status.CurrentVolumeAttributesClassName = ptr.To(name) }
+}
+
+// modifying sets the claim's modifyVolumeStatus.
+func modifying(target string, s corev1.PersistentVolumeClaimModifyVolumeStatus) func(*corev1.PersistentVolumeClaim) {
+	return func(pvc *corev1.PersistentVolumeClaim) {
+		pvc.Status.ModifyVolumeStatus = &corev1.ModifyVolumeStatus{TargetVolumeAttributesClassName: target, Status: s}
+	}
+}
+
+// volumeClass sets the volume's spec.volumeAttributesClassName.
+func volumeClass(name string) func(*corev1.PersistentVolume) {
+	return func(pv *corev1.PersistentVolume) { pv.Spec.VolumeAttributesClassName = ptr.To(name) }
+}
+
+// --- fake CSI driver ---
+
+// modifyCall is one ControllerModifyVolume the controller made.
+type modifyCall struct {
+	VolumeID   string
+	Parameters map[string]string
+	Secrets    map[string]string
+}
+
+type fakeCSI struct {
+	mu    sync.Mutex
+	caps  csiclient.Capabilities
+	calls []modifyCall
+	// answers are the errors of the next calls, in order (nil: success);
+	// once used up every call succeeds.
+	answers []error
+}
+
+func (f *fakeCSI) WaitReady(ctx context.Context) error { return ctx.Err() }
+
+func (f *fakeCSI) Capabilities() csiclient.Capabilities {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.caps
+}
+
+func (f *fakeCSI) ControllerModifyVolume(_ context.Context, req *csi.ControllerModifyVolumeRequest) (*csi.ControllerModifyVolumeResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls = append(f.calls, modifyCall{VolumeID: req.VolumeId, Parameters: maps.Clone(req.MutableParameters), Secrets: req.Secrets})
+	if len(f.answers) > 0 {
+		err := f.answers[0]
+		f.answers = f.answers[1:]
+		if err != nil {
+			return nil, err
+		}
+	}
+	return &csi.ControllerModifyVolumeResponse{}, nil
+}
+
+func (f *fakeCSI) answer(errs ...error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.answers = append(f.answers, errs...)
+}
+
+func (f *fakeCSI) takeCalls() []modifyCall {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := f.calls
+	f.calls = nil
+	return out
+}
+
+// --- fixture ---
+
+// fixture is a modify controller on a claimtest.Fixture, with the class
+// cache filled by hand too.
+type fixture struct {
+	*claimtest.Fixture
+	csi   *fakeCSI
+	clock *testingclock.FakePassiveClock
+	c     *Controller
+}
+
+func newFixture(t *testing.T, objs []runtime.Object, opts ...func(*Config)) *fixture {
+	t.Helper()
+	f := &fixture{
+		Fixture: claimtest.New(t, objs),
+		csi:     &fakeCSI{caps: modifyCaps},
+		clock:   testingclock.NewFakePassiveClock(claimtest.Now),
+	}
+	cfg := Config{
+		DriverName:         claimtest.Driver,
+		Client:             f.Client,
+		CSI:                f.csi,
+		Informers:          kube.NewInformers(f.Client, 0),
+		Recorder:           f.Recorder,
+		Workers:            1,
+		RetryIntervalStart: time.Second,
+		RetryIntervalMax:   5 * time.Minute,
+		Registerer:         f.Registry,
+	}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	c, err := New(cfg)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	c.clock = f.clock
+	f.c = c
+	f.Replay = f.replayClasses
+	f.Use(c.claims)
+	for _, o := range objs {
+		if vac, ok := o.(*storagev1.VolumeAttributesClass); ok {
+			if err := c.vacInformer.GetIndexer().Add(vac.DeepCopy()); err != nil {
+				t.Fatalf("cache %T: %v", o, err)
+			}
+		}
+	}
+	return f
+}
+
+// replayClasses plays the watch of classes: every class of the fake API
+// server not in the cache yet is added, and its handler called.
+func (f *fixture) replayClasses() {
+	gvr := storagev1.SchemeGroupVersion.WithResource("volumeattributesclasses")
+	vacs, err := f.Client.Tracker().List(gvr, storagev1.SchemeGroupVersion.WithKind("VolumeAttributesClass"), "")
+	if err != nil {
+		f.T.Fatal(err)
+	}
+	for _, o := range vacs.(*storagev1.VolumeAttributesClassList).Items {
+		vac := o.DeepCopy()
+		if _, exists, _ := f.c.vacInformer.GetIndexer().Get(vac); !exists {
+			_ = f.c.vacInformer.GetIndexer().Add(vac)
+			f.c.classAdded(vac)
+		}
+	}
+}
+
+// modifyStatusOf describes a claim's modification state in one line.
+func modifyStatusOf(pvc *corev1.PersistentVolumeClaim) string {
+	out := "current=" + ptr.Deref(pvc.Status.CurrentVolumeAttributesClassName, "<nil>")
+	if s := pvc.Status.ModifyVolumeStatus; s != nil {
+		out += " target=" + s.TargetVolumeAttributesClassName + " status=" + string(s.Status)
+	}
+	for _, c := range pvc.Status.Conditions {
+		out += " " + string(c.Type)
+		if c.Reason != "" {
+			out += "(" + c.Reason + ")"
+		}
+		out += ":" + c.Message
+	}
+	return out
+}
