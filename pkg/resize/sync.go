@@ -6,7 +6,6 @@ import (
 	"fmt"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
-	"github.com/kubernetes-csi/csi-lib-utils/accessmodes"
 	"google.golang.org/grpc/codes"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -216,11 +215,11 @@ func (c *Controller) resizeVolume(ctx context.Context, pv *corev1.PersistentVolu
 	if src.VolumeHandle == "" {
 		return target, false, permanent(errors.New("the PersistentVolume's CSI source has an empty volumeHandle"))
 	}
-	capability, err := volumeCapability(&pv.Spec, caps.SingleNodeMultiWriter)
+	capability, err := kube.VolumeCapability(&pv.Spec, caps.SingleNodeMultiWriter, "")
 	if err != nil {
 		return target, false, permanent(err)
 	}
-	secrets, err := c.secrets(ctx, src.ControllerExpandSecretRef)
+	secrets, err := kube.ReadSecret(ctx, c.client, src.ControllerExpandSecretRef, "controllerExpandSecretRef")
 	if err != nil {
 		return target, false, err
 	}
@@ -270,41 +269,4 @@ func (c *Controller) failed(ctx context.Context, key string, pvc *corev1.Persist
 	}
 	c.recorder.Event(pvc, corev1.EventTypeWarning, ReasonResizeFailed, msg)
 	return err
-}
-
-// volumeCapability is the CSI capability of a PersistentVolume, as the
-// upstream sidecars map it: block or mount (fsType and mount options as
-// the volume says), and the access mode.
-func volumeCapability(spec *corev1.PersistentVolumeSpec, singleNodeMultiWriter bool) (*csi.VolumeCapability, error) {
-	mode, err := accessmodes.ToCSIAccessMode(spec.AccessModes, singleNodeMultiWriter)
-	if err != nil {
-		return nil, err
-	}
-	vc := &csi.VolumeCapability{AccessMode: &csi.VolumeCapability_AccessMode{Mode: mode}}
-	if spec.VolumeMode != nil && *spec.VolumeMode == corev1.PersistentVolumeBlock {
-		vc.AccessType = &csi.VolumeCapability_Block{Block: &csi.VolumeCapability_BlockVolume{}}
-		return vc, nil
-	}
-	vc.AccessType = &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{
-		FsType:     spec.CSI.FSType,
-		MountFlags: spec.MountOptions,
-	}}
-	return vc, nil
-}
-
-// secrets reads the controllerExpandSecretRef Secret, when there is one.
-// Secrets are read when needed and never cached, watched or logged.
-func (c *Controller) secrets(ctx context.Context, ref *corev1.SecretReference) (map[string]string, error) {
-	if ref == nil {
-		return nil, nil
-	}
-	s, err := c.client.CoreV1().Secrets(ref.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
-	if err != nil {
-		return nil, fmt.Errorf("get the controllerExpandSecretRef Secret %s/%s: %w", ref.Namespace, ref.Name, err)
-	}
-	out := make(map[string]string, len(s.Data))
-	for k, v := range s.Data {
-		out[k] = string(v)
-	}
-	return out, nil
 }

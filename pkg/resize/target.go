@@ -3,6 +3,8 @@ package resize
 import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+
+	"github.com/loopvol/loopvol/internal/kube"
 )
 
 // decision is what a sync of a claim that asks for more than its capacity
@@ -94,7 +96,7 @@ func decide(pvc *corev1.PersistentVolumeClaim, pvSize resource.Quantity, finalEr
 			switch {
 			case hasAllocated:
 				target = allocated
-			case hasCondition(pvc, corev1.PersistentVolumeClaimFileSystemResizePending):
+			case kube.ClaimHasCondition(pvc, corev1.PersistentVolumeClaimFileSystemResizePending):
 				// An API server without allocatedResources: the
 				// condition says the node's turn has come.
 				act = false
@@ -113,14 +115,4 @@ func needsResize(pvc *corev1.PersistentVolumeClaim) bool {
 	request := pvc.Spec.Resources.Requests[corev1.ResourceStorage]
 	capacity := pvc.Status.Capacity[corev1.ResourceStorage]
 	return request.Cmp(capacity) > 0
-}
-
-// hasCondition tells whether pvc has condition typ with status True.
-func hasCondition(pvc *corev1.PersistentVolumeClaim, typ corev1.PersistentVolumeClaimConditionType) bool {
-	for _, c := range pvc.Status.Conditions {
-		if c.Type == typ && c.Status == corev1.ConditionTrue {
-			return true
-		}
-	}
-	return false
 }
