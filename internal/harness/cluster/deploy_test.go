@@ -2,7 +2,6 @@ package cluster
 
 import (
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strconv"
 	"testing"
@@ -12,14 +11,25 @@ import (
 	"sigs.k8s.io/kustomize/api/krusty"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
 	"sigs.k8s.io/yaml"
+
+	"github.com/loopvol/loopvol/internal/harness/testenv"
 )
+
+// localOverlay is the repository's deploy/kubernetes/overlays/local.
+func localOverlay(t *testing.T) string {
+	t.Helper()
+	root, err := testenv.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return filepath.Join(root, "deploy", "kubernetes", "overlays", "local")
+}
 
 // TestOverlay renders the generated overlay on top of the repository's
 // overlays/local and checks that kubelet's directory and the pool moved
 // under the cluster's directory everywhere, and the rest is overlays/local's.
 func TestOverlay(t *testing.T) {
-	_, file, _, _ := runtime.Caller(0)
-	local := filepath.Join(filepath.Dir(file), "..", "..", "deploy", "kubernetes", "overlays", "local")
+	local := localOverlay(t)
 	for _, port := range []int{DefaultAPIPort, 16443} {
 		dir := t.TempDir()
 		c := &Cluster{cfg: Config{Dir: dir, APIPort: port}, KubeletDir: filepath.Join(dir, "kubelet")}
@@ -96,8 +106,7 @@ func TestOverlay(t *testing.T) {
 // argument and a host directory under the cluster's, and a bad name is
 // refused.
 func TestOverlayExtraPools(t *testing.T) {
-	_, file, _, _ := runtime.Caller(0)
-	local := filepath.Join(filepath.Dir(file), "..", "..", "deploy", "kubernetes", "overlays", "local")
+	local := localOverlay(t)
 	dir := t.TempDir()
 	c := &Cluster{cfg: Config{Dir: dir, APIPort: DefaultAPIPort}, KubeletDir: filepath.Join(dir, "kubelet")}
 	for _, bad := range []string{"default", "Fast", "a/b"} {
