@@ -11,11 +11,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/loopvol/loopvol/test/internal/proc"
+	"github.com/loopvol/loopvol/internal/harness/proc"
 )
 
 // sidecar is one attacher process, ours or external-attacher, started the
-// same way for both (test/internal/proc) so that neither is measured
+// same way for both (internal/harness/proc) so that neither is measured
 // differently; it adds the CPU and memory readings the benchmark reports.
 type sidecar struct{ *proc.Process }
 

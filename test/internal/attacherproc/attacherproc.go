@@ -1,13 +1,13 @@
 // Package attacherproc builds cmd/attacher once per test binary and runs it
-// as a real process (test/internal/proc).
+// as a real process (internal/harness/proc).
 package attacherproc
 
 import (
 	"net"
 	"testing"
 
+	"github.com/loopvol/loopvol/internal/harness/proc"
 	"github.com/loopvol/loopvol/test/internal/gobuild"
-	"github.com/loopvol/loopvol/test/internal/proc"
 )
 
 // Binary builds cmd/attacher once per test binary and returns its path.

@@ -1,5 +1,5 @@
 // Package driverproc builds cmd/driver once per test binary and runs it as a
-// real process (test/internal/proc), as kubelet and the sidecars see it,
+// real process (internal/harness/proc), as kubelet and the sidecars see it,
 // each under the test's own temporary directories.
 package driverproc
 
@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/loopvol/loopvol/test/internal/proc"
+	"github.com/loopvol/loopvol/internal/harness/proc"
 
 	"github.com/loopvol/loopvol/test/internal/gobuild"
 
@@ -38,7 +38,7 @@ type Driver struct {
 }
 
 // Start runs the driver with args (Start picks the socket, dir/csi.sock) and
-// waits until it answers Probe. The process is run by test/internal/proc:
+// waits until it answers Probe. The process is run by internal/harness/proc:
 // log in dir/driver.log, stopped with SIGTERM in t.Cleanup (SIGKILL if it
 // does not stop), log printed when the test failed.
 func Start(tb testing.TB, dir string, args ...string) *Driver {
