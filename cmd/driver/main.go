@@ -15,13 +15,13 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/kubernetes-csi/csi-lib-utils/metrics"
 	"github.com/loopvol/loopvol/pkg/controller"
 	"github.com/loopvol/loopvol/pkg/csiserver"
 	"github.com/loopvol/loopvol/pkg/loop"
-	loopvolmetrics "github.com/loopvol/loopvol/pkg/metrics"
+	"github.com/loopvol/loopvol/pkg/metrics"
 	"github.com/loopvol/loopvol/pkg/node"
 	"github.com/loopvol/loopvol/pkg/pool"
+	"github.com/loopvol/loopvol/pkg/pool/poolmetrics"
 	"k8s.io/klog/v2"
 	"k8s.io/mount-utils"
 	utilexec "k8s.io/utils/exec"
@@ -234,9 +234,9 @@ func run(ctx context.Context, o options) error {
 	}
 	identity := controller.NewIdentity(o.driverName, version, cfg.Controller != nil, served)
 	cfg.Identity = identity
-	mm := metrics.NewCSIMetricsManagerWithOptions(o.driverName, metrics.WithSubsystem(metrics.SubsystemPlugin))
-	mm.GetRegistry().RawMustRegister(loopvolmetrics.PoolCollector{Usage: func() []loopvolmetrics.PoolUsage {
-		return loopvolmetrics.UsageOf(served)
+	mm := metrics.NewPlugin(o.driverName)
+	mm.GetRegistry().RawMustRegister(poolmetrics.Collector{Usage: func() []poolmetrics.Usage {
+		return poolmetrics.Measure(served)
 	}})
 	cfg.Metrics = mm
 

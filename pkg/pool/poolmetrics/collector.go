@@ -1,12 +1,12 @@
-package metrics
+package poolmetrics
 
 import (
 	"github.com/loopvol/loopvol/pkg/pool"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// PoolUsage is one pool's space at scrape time.
-type PoolUsage struct {
+// Usage is one pool's space at scrape time.
+type Usage struct {
 	Pool, Zone     string
 	SizeBytes      int64
 	AvailableBytes int64
@@ -28,15 +28,16 @@ var (
 		"Size of the images in the pool without a volume record; this space is not available to new volumes.", []string{"pool", "zone"}, nil)
 )
 
-// PoolCollector reports pool gauges computed when Prometheus scrapes, so the
-// figures are never stale and nothing polls in between.
-type PoolCollector struct {
-	// Usage returns every pool's figures; pools it cannot measure are left out.
-	Usage func() []PoolUsage
+// Collector reports the pool gauges, computed when Prometheus scrapes, so
+// the figures are never stale and nothing polls in between.
+type Collector struct {
+	// Usage returns every pool's figures (Measure); pools it cannot
+	// measure are left out.
+	Usage func() []Usage
 }
 
 // Describe implements prometheus.Collector.
-func (c PoolCollector) Describe(ch chan<- *prometheus.Desc) {
+func (c Collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- poolSizeDesc
 	ch <- poolAvailableDesc
 	ch <- poolOrphanImagesDesc
@@ -44,7 +45,7 @@ func (c PoolCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 // Collect implements prometheus.Collector.
-func (c PoolCollector) Collect(ch chan<- prometheus.Metric) {
+func (c Collector) Collect(ch chan<- prometheus.Metric) {
 	for _, u := range c.Usage() {
 		ch <- prometheus.MustNewConstMetric(poolSizeDesc, prometheus.GaugeValue, float64(u.SizeBytes), u.Pool, u.Zone)
 		ch <- prometheus.MustNewConstMetric(poolAvailableDesc, prometheus.GaugeValue, float64(u.AvailableBytes), u.Pool, u.Zone)
@@ -53,16 +54,16 @@ func (c PoolCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// UsageOf measures the pools now, for PoolCollector.Usage. A pool that
-// cannot be measured is left out (its health check reports why).
-func UsageOf(pools []*pool.Pool) []PoolUsage {
-	var out []PoolUsage
+// Measure measures the pools now, for Collector.Usage. A pool that cannot
+// be measured is left out (its health check reports why).
+func Measure(pools []*pool.Pool) []Usage {
+	var out []Usage
 	for _, p := range pools {
 		u, err := p.Usage()
 		if err != nil {
 			continue
 		}
-		out = append(out, PoolUsage{Pool: p.Name, Zone: p.Zone, SizeBytes: u.TotalBytes, AvailableBytes: u.AvailableBytes,
+		out = append(out, Usage{Pool: p.Name, Zone: p.Zone, SizeBytes: u.TotalBytes, AvailableBytes: u.AvailableBytes,
 			OrphanImages: u.OrphanImages, OrphanBytes: u.OrphanBytes})
 	}
 	return out

@@ -1,4 +1,4 @@
-package metrics
+package poolmetrics
 
 import (
 	"fmt"
@@ -36,9 +36,9 @@ const (
 `
 )
 
-func TestPoolCollector(t *testing.T) {
-	c := PoolCollector{Usage: func() []PoolUsage {
-		return []PoolUsage{
+func TestCollector(t *testing.T) {
+	c := Collector{Usage: func() []Usage {
+		return []Usage{
 			{Pool: "a", Zone: "z1", SizeBytes: 1000, AvailableBytes: 400, OrphanImages: 2, OrphanBytes: 300},
 			{Pool: "b", Zone: "z2", SizeBytes: 50, AvailableBytes: 50},
 		}
@@ -54,10 +54,10 @@ loopvol_pool_size_bytes{pool="b",zone="z2"} 50
 `)
 }
 
-// TestUsageOfCountsOrphans: real pools measured at each scrape; an image
+// TestMeasureCountsOrphans: real pools measured at each scrape; an image
 // whose record is removed shows as an orphan of its pool with its size from
 // the next scrape on, and goes when the image does.
-func TestUsageOfCountsOrphans(t *testing.T) {
+func TestMeasureCountsOrphans(t *testing.T) {
 	root := t.TempDir()
 	var pools []*pool.Pool
 	for _, name := range []string{"a", "b"} {
@@ -68,7 +68,7 @@ func TestUsageOfCountsOrphans(t *testing.T) {
 		t.Cleanup(func() { p.Close() })
 		pools = append(pools, p)
 	}
-	c := PoolCollector{Usage: func() []PoolUsage { return UsageOf(pools) }}
+	c := Collector{Usage: func() []Usage { return Measure(pools) }}
 	orphans := func(images, bytes int) string {
 		return fmt.Sprintf(orphanBytesHelp+`loopvol_pool_orphan_bytes{pool="a",zone="z-a"} %d
 loopvol_pool_orphan_bytes{pool="b",zone="z-b"} 0
