@@ -19,6 +19,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/loopvol/loopvol/internal/harness/proc"
 )
 
 // Cluster is a running one-node cluster.
@@ -50,9 +52,9 @@ type Cluster struct {
 	// mu guards procs and kubelet, which StopKubelet and StartKubelet
 	// change while the cluster runs.
 	mu         sync.Mutex
-	procs      []*process
-	kubelet    *process
-	containerd *process
+	procs      []*proc.Process
+	kubelet    *proc.Process
+	containerd *proc.Process
 	// kubeletArgs and kubeletEnv start kubelet again (StartKubelet).
 	kubeletArgs []string
 	kubeletEnv  []string

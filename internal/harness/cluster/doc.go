@@ -12,7 +12,9 @@
 // kustomize overlay with `kubectl apply --server-side -k`; Down stops it and
 // leaves no process, mount, loop device, kubepods cgroup or containerd shim
 // behind. docs/cluster.md tells more, with the settings this kind of
-// machine needs (cgroup v1, no CAP_SYS_RESOURCE, no pod network).
+// machine needs (cgroup v1, no CAP_SYS_RESOURCE, no pod network). Each
+// daemon runs through internal/harness/proc, in a process group of its
+// own, its output in <Dir>/logs/<name>.log.
 //
 // It is used by `make demo` (hack/demo) and by the tests in test/cluster.
 package cluster

@@ -43,17 +43,17 @@ func (c *Cluster) Down(ctx context.Context) error {
 		}
 	}
 	if c.kubelet != nil {
-		c.kubelet.stop(20 * time.Second)
+		c.kubelet.Stop()
 	}
-	if c.containerd != nil && c.containerd.exited() == nil {
+	if c.containerd != nil && c.containerd.Running() {
 		if err := c.killTasks(); err != nil {
 			c.say("cluster: teardown: %v (going on)", err)
 		}
 	}
 	// Everything but the apiserver and etcd, newest first.
 	for i := len(c.procs) - 1; i >= 0; i-- {
-		if p := c.procs[i]; p.name != "kube-apiserver" && p.name != "etcd" {
-			p.stop(10 * time.Second)
+		if p := c.procs[i]; p.Name != "kube-apiserver" && p.Name != "etcd" {
+			p.Stop()
 		}
 	}
 	if c.ContainerdSocket != "" {
@@ -74,7 +74,7 @@ func (c *Cluster) Down(ctx context.Context) error {
 		errs = append(errs, err)
 	}
 	for i := len(c.procs) - 1; i >= 0; i-- {
-		c.procs[i].stop(10 * time.Second)
+		c.procs[i].Stop()
 	}
 	c.procs = nil
 	for _, d := range []string{"etcd", "kubelet", "containerd", "cni", "pod-logs", "pools", "pki"} {

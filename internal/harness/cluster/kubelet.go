@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"slices"
 	"time"
+
+	"github.com/loopvol/loopvol/internal/harness/proc"
 )
 
 // kubeletStopGrace is how long StopKubelet waits after SIGTERM before it
@@ -23,15 +25,15 @@ var errKubeletStopped = errors.New("kubelet is stopped")
 func (c *Cluster) StopKubelet() {
 	c.mu.Lock()
 	p := c.kubelet
-	if p == nil || p.exited() != nil {
+	if p == nil || !p.Running() {
 		c.mu.Unlock()
 		return
 	}
 	// Out of procs first, so that poll does not take the stop for a
 	// crash.
-	c.procs = slices.DeleteFunc(c.procs, func(q *process) bool { return q == p })
+	c.procs = slices.DeleteFunc(c.procs, func(q *proc.Process) bool { return q == p })
 	c.mu.Unlock()
-	p.stop(kubeletStopGrace)
+	p.Stop()
 	c.say("cluster: kubelet stopped")
 }
 
@@ -69,5 +71,5 @@ func (c *Cluster) runKubelet() error {
 func (c *Cluster) KubeletRunning() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.kubelet != nil && c.kubelet.exited() == nil
+	return c.kubelet != nil && c.kubelet.Running()
 }

@@ -4,73 +4,53 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/loopvol/loopvol/internal/harness/proc"
 )
 
-// process is one daemon of the cluster, in a process group of its own, its
-// output in <Dir>/logs/<name>.log.
-type process struct {
-	name string
-	log  string
-	cmd  *exec.Cmd
-	done chan struct{}
-	err  error
-}
+// daemonStopGrace is how long Down waits after SIGTERM before it kills a
+// daemon; kubelet gets kubeletStopGrace.
+const daemonStopGrace = 10 * time.Second
 
-func (c *Cluster) start(name string, env []string, args ...string) (*process, error) {
-	logPath := filepath.Join(c.LogDir, name+".log")
-	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+// start runs the daemon name from BinDir through internal/harness/proc, in a
+// process group of its own (Stop reaches what it started that stayed in
+// the group), its output in <LogDir>/<name>.log, and adds it to procs,
+// which poll watches.
+func (c *Cluster) start(name string, env []string, args ...string) (*proc.Process, error) {
+	grace := daemonStopGrace
+	if name == "kubelet" {
+		grace = kubeletStopGrace
+	}
+	p, err := proc.Run(proc.Spec{
+		Name:   name,
+		Bin:    filepath.Join(c.cfg.BinDir, name),
+		Args:   args,
+		LogDir: c.LogDir,
+		Dir:    c.cfg.Dir,
+		Env:    env,
+		Group:  true,
+		Grace:  grace,
+	})
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
-	cmd := exec.Command(filepath.Join(c.cfg.BinDir, name), args...)
-	cmd.Stdout = f
-	cmd.Stderr = f
-	cmd.Dir = c.cfg.Dir
-	cmd.Env = append(os.Environ(), env...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start %s: %w", name, err)
-	}
-	p := &process{name: name, log: logPath, cmd: cmd, done: make(chan struct{})}
-	go func() {
-		p.err = cmd.Wait()
-		close(p.done)
-	}()
 	c.mu.Lock()
 	c.procs = append(c.procs, p)
 	c.mu.Unlock()
 	return p, nil
 }
 
-// exited returns an error naming the log if p has ended.
-func (p *process) exited() error {
-	select {
-	case <-p.done:
-		return fmt.Errorf("%s exited (%v); its log: %s", p.name, p.err, p.log)
-	default:
+// exited returns an error naming p's log if p has ended.
+func exited(p *proc.Process) error {
+	if p.Running() {
 		return nil
 	}
-}
-
-// stop ends p's process group: SIGTERM, then SIGKILL after grace.
-func (p *process) stop(grace time.Duration) {
-	pgid := p.cmd.Process.Pid
-	_ = syscall.Kill(-pgid, syscall.SIGTERM)
-	select {
-	case <-p.done:
-	case <-time.After(grace):
-		_ = syscall.Kill(-pgid, syscall.SIGKILL)
-		<-p.done
-	}
-	// Children left in the group (none expected).
-	_ = syscall.Kill(-pgid, syscall.SIGKILL)
+	return fmt.Errorf("%s exited (%v); its log: %s", p.Name, p.Err(), p.LogPath)
 }
 
 // pidsWithArg lists the processes whose command line has arg, e.g. the
@@ -131,7 +111,7 @@ func (c *Cluster) exitedProcess() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, p := range c.procs {
-		if err := p.exited(); err != nil {
+		if err := exited(p); err != nil {
 			return err
 		}
 	}
