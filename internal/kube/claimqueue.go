@@ -52,6 +52,9 @@ type ClaimQueueConfig struct {
 	// Forget, when set, drops what the controller remembers of a deleted
 	// claim, beyond Writes.
 	Forget func(key string, pvc *corev1.PersistentVolumeClaim)
+	// Writes is the record of the controller's own writes, when the
+	// controller keeps it itself; nil: a new one.
+	Writes *Writes[string]
 }
 
 // ClaimQueue is the work loop that the controllers of
@@ -93,13 +96,16 @@ const keptWrites = 4
 func NewClaimQueue(cfg ClaimQueueConfig) *ClaimQueue {
 	q := &ClaimQueue{
 		Queue:       NewQueue[string](cfg.Name, cfg.RetryIntervalStart, cfg.RetryIntervalMax),
-		Writes:      NewWrites[string](keptWrites),
+		Writes:      cfg.Writes,
 		Recorder:    cfg.Recorder,
 		PVCInformer: cfg.Informers.PersistentVolumeClaims(),
 		PVInformer:  cfg.Informers.PersistentVolumes(PVResize),
 		cfg:         cfg,
 		api:         cfg.Informers.APIHealth(),
 		clock:       clock.RealClock{},
+	}
+	if q.Writes == nil {
+		q.Writes = NewWrites[string](keptWrites)
 	}
 	q.PVCs = corelisters.NewPersistentVolumeClaimLister(q.PVCInformer.GetIndexer())
 	q.PVs = corelisters.NewPersistentVolumeLister(q.PVInformer.GetIndexer())
