@@ -4,18 +4,11 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"net/http"
-	"net/http/httptest"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/client-go/kubernetes/fake"
-	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/klog/v2/ktesting"
 )
 
@@ -145,52 +138,6 @@ func TestExitCodes(t *testing.T) {
 	}
 }
 
-func TestCheckHandler(t *testing.T) {
-	for _, tc := range []struct {
-		name     string
-		err      error
-		wantCode int
-		wantBody string
-	}{
-		{name: "healthy", wantCode: http.StatusOK, wantBody: "ok"},
-		{name: "driver away", err: errors.New("CSI driver at /csi.sock not ready for 3s: lost the connection"), wantCode: http.StatusServiceUnavailable, wantBody: "not ready for 3s"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			rec := httptest.NewRecorder()
-			checkHandler(func() error { return tc.err }, http.StatusServiceUnavailable).ServeHTTP(rec, httptest.NewRequest("GET", "/healthz", nil))
-			if rec.Code != tc.wantCode || !strings.Contains(rec.Body.String(), tc.wantBody) {
-				t.Errorf("GET /healthz = %d %q, want %d with %q", rec.Code, rec.Body.String(), tc.wantCode, tc.wantBody)
-			}
-		})
-	}
-}
-
-// TestOwnHealthChecksStayOutOfHealthz: a check added with addOwn answers
-// at /healthz/<name> only; /healthz passes while it fails.
-func TestOwnHealthChecksStayOutOfHealthz(t *testing.T) {
-	var h healthChecks
-	h.add("csi", func() error { return nil })
-	h.addOwn("webhook", func() error { return errors.New("waiting for the serving certificate") })
-	mux := http.NewServeMux()
-	mux.Handle("/healthz", checkHandler(h.check, http.StatusServiceUnavailable))
-	mux.Handle("/healthz/", h.ownHandler())
-	for _, tc := range []struct {
-		path     string
-		wantCode int
-		wantBody string
-	}{
-		{"/healthz", http.StatusOK, "ok"},
-		{"/healthz/webhook", http.StatusServiceUnavailable, "waiting for the serving certificate"},
-		{"/healthz/nothing", http.StatusNotFound, "not found"},
-	} {
-		rec := httptest.NewRecorder()
-		mux.ServeHTTP(rec, httptest.NewRequest("GET", tc.path, nil))
-		if rec.Code != tc.wantCode || !strings.Contains(rec.Body.String(), tc.wantBody) {
-			t.Errorf("GET %s = %d %q, want %d with %q", tc.path, rec.Code, rec.Body.String(), tc.wantCode, tc.wantBody)
-		}
-	}
-}
-
 func TestRunControllersStopsAllWhenOneFails(t *testing.T) {
 	_, ctx := ktesting.NewTestContext(t)
 	stopped := make(chan struct{})
@@ -209,99 +156,6 @@ func TestRunControllersStopsAllWhenOneFails(t *testing.T) {
 	case <-stopped:
 	default:
 		t.Error("the other controller was not stopped")
-	}
-}
-
-func testLeaderConfig(client *fake.Clientset, id string) leaderConfig {
-	return leaderConfig{
-		leases:        client.CoordinationV1(),
-		namespace:     "kube-system",
-		name:          "external-attacher-leader-loopvol-csi-io",
-		identity:      id,
-		leaseDuration: 3 * time.Second,
-		renewDeadline: 2 * time.Second,
-		retryPeriod:   100 * time.Millisecond,
-	}
-}
-
-func TestLeaderElectionRunsThenReleasesTheLease(t *testing.T) {
-	_, ctx := ktesting.NewTestContext(t)
-	client := fake.NewClientset()
-	ctx, stop := context.WithCancel(ctx)
-	defer stop()
-	started := make(chan struct{})
-	var controllersStopped time.Time
-	done := make(chan error, 1)
-	go func() {
-		done <- runWithLeaderElection(ctx, testLeaderConfig(client, "me"), func(ctx context.Context) error {
-			close(started)
-			<-ctx.Done()
-			controllersStopped = time.Now()
-			return nil
-		})
-	}()
-	select {
-	case <-started:
-	case <-time.After(30 * time.Second):
-		t.Fatal("the controllers never started")
-	}
-	lease, err := client.CoordinationV1().Leases("kube-system").Get(ctx, "external-attacher-leader-loopvol-csi-io", metav1.GetOptions{})
-	if err != nil || lease.Spec.HolderIdentity == nil || *lease.Spec.HolderIdentity != "me" {
-		t.Fatalf("Lease = %+v, %v; want it held by me", lease, err)
-	}
-
-	stop() // SIGTERM
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Errorf("runWithLeaderElection = %v, want nil after a signal", err)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("runWithLeaderElection did not return after the signal")
-	}
-	if controllersStopped.IsZero() {
-		t.Error("returned before the controllers stopped")
-	}
-	lease, err = client.CoordinationV1().Leases("kube-system").Get(context.Background(), "external-attacher-leader-loopvol-csi-io", metav1.GetOptions{})
-	if err != nil || (lease.Spec.HolderIdentity != nil && *lease.Spec.HolderIdentity != "") {
-		t.Errorf("Lease after stop = %+v, %v; want it released so another replica takes over at once", lease.Spec, err)
-	}
-}
-
-func TestLeaderElectionLostLeaseIsAnError(t *testing.T) {
-	_, ctx := ktesting.NewTestContext(t)
-	client := fake.NewClientset()
-	var partitioned atomic.Bool
-	client.PrependReactor("update", "leases", func(k8stesting.Action) (bool, runtime.Object, error) {
-		if partitioned.Load() {
-			return true, nil, errors.New("connection refused")
-		}
-		return false, nil, nil
-	})
-	started := make(chan struct{})
-	done := make(chan error, 1)
-	go func() {
-		done <- runWithLeaderElection(ctx, testLeaderConfig(client, "me"), func(ctx context.Context) error {
-			close(started)
-			<-ctx.Done()
-			return nil
-		})
-	}()
-	select {
-	case <-started:
-	case <-time.After(30 * time.Second):
-		t.Fatal("the controllers never started")
-	}
-	// The API server stops taking renewals (a network partition): after the
-	// renew deadline the Lease is lost.
-	partitioned.Store(true)
-	select {
-	case err := <-done:
-		if err == nil || !strings.Contains(err.Error(), "lost the leader-election Lease kube-system/external-attacher-leader-loopvol-csi-io") {
-			t.Errorf("runWithLeaderElection = %v, want the lost Lease", err)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("runWithLeaderElection did not notice the lost Lease")
 	}
 }
 

@@ -83,6 +83,6 @@ func buildRegistrar(d *deps) (*runner, error) {
 	if err != nil {
 		return nil, err
 	}
-	d.health.add("registrar", r.Healthy)
+	d.health.Add("registrar", r.Healthy)
 	return &runner{run: r.Run}, nil
 }

@@ -9,27 +9,24 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/kubernetes-csi/csi-lib-utils/connection"
-	"github.com/kubernetes-csi/csi-lib-utils/metrics"
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
-	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/util/flowcontrol"
-	"k8s.io/component-base/metrics/legacyregistry"
 	_ "k8s.io/component-base/metrics/prometheus/clientgo/leaderelection" // leader-election metrics in the legacy registry
 	_ "k8s.io/component-base/metrics/prometheus/workqueue"               // workqueue metrics in the legacy registry
 	"k8s.io/klog/v2"
 
+	"github.com/loopvol/loopvol/internal/health"
 	"github.com/loopvol/loopvol/internal/kube"
+	"github.com/loopvol/loopvol/internal/kube/leasewatch"
 	"github.com/loopvol/loopvol/pkg/csiclient"
+	"github.com/loopvol/loopvol/pkg/metrics"
 )
 
 // run connects everything and runs the controllers until ctx ends (nil) or
@@ -41,7 +38,7 @@ func run(ctx context.Context, cfg *config) error {
 		"nodeDeployment", cfg.nodeDeployment, "nodeName", cfg.nodeName)
 	connection.SetMaxGRPCLogLength(cfg.maxGRPCLogLength)
 
-	d := &deps{cfg: cfg, health: &healthChecks{}, env: os.Getenv}
+	d := &deps{cfg: cfg, health: &health.Checks{}, env: os.Getenv}
 	// A registrar in kubelet mode has no RBAC at all: it must not even
 	// build a client that could be used by mistake.
 	if cfg.needsAPI() {
@@ -59,22 +56,19 @@ func run(ctx context.Context, cfg *config) error {
 
 	// Metrics: CSI call latency (csi-lib-utils), the workqueue and
 	// leader-election metrics (legacy registry) and the controllers' own.
-	csiMetrics := metrics.NewCSIMetricsManagerForSidecar("")
-	ownMetrics := prometheus.NewRegistry()
-	csiMetrics.WithAdditionalRegistry(legacyregistry.DefaultGatherer)
-	csiMetrics.WithAdditionalRegistry(ownMetrics)
+	csiMetrics, ownMetrics := metrics.NewSidecar()
 	d.registry = ownMetrics
 
 	var csiConn atomic.Pointer[csiclient.Client]
-	d.health.add("csi", func() error {
+	d.health.Add("csi", func() error {
 		if c := csiConn.Load(); c != nil {
 			return c.Healthy()
 		}
 		return fmt.Errorf("connecting to the CSI driver at %s", cfg.csiAddress)
 	})
-	var leaderHealth *leaderHealthChecks
+	var leaderHealth *leasewatch.Health
 	if cfg.leaderElection {
-		leaderHealth = &leaderHealthChecks{}
+		leaderHealth = &leasewatch.Health{}
 	}
 	var wg sync.WaitGroup
 	defer wg.Wait()
@@ -86,10 +80,9 @@ func run(ctx context.Context, cfg *config) error {
 		if cfg.enablePprof {
 			csiMetrics.RegisterPprofToServer(mux)
 		}
-		mux.Handle("/healthz", checkHandler(d.health.check, http.StatusServiceUnavailable))
-		mux.Handle("/healthz/", d.health.ownHandler())
+		d.health.Register(mux)
 		if leaderHealth != nil {
-			mux.Handle("/healthz/leader-election", checkHandler(leaderHealth.check, http.StatusInternalServerError))
+			mux.Handle("/healthz/leader-election", health.Handler(leaderHealth.Check, http.StatusInternalServerError))
 		}
 		// Listen before anything slow, so a bad address fails at once and
 		// /healthz answers while the driver is awaited.
@@ -97,18 +90,11 @@ func run(ctx context.Context, cfg *config) error {
 		if err != nil {
 			return fmt.Errorf("--http-endpoint: %w", err)
 		}
-		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 		logger.Info("Serving HTTP", "address", ln.Addr().String(), "metricsPath", cfg.metricsPath)
 		wg.Go(func() {
-			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			if err := health.Serve(ctx, ln, mux); err != nil {
 				cancel(fmt.Errorf("HTTP server: %w", err))
 			}
-		})
-		wg.Go(func() {
-			<-ctx.Done()
-			sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-			defer scancel()
-			_ = srv.Shutdown(sctx)
 		})
 	}
 
@@ -146,12 +132,12 @@ func run(ctx context.Context, cfg *config) error {
 		if cfg.nodeDeployment {
 			lease = nodeLeaseName(lease, cfg.nodeName)
 		}
-		le, lerr := newLeaderConfig(cfg, d.rest, lease, leaderHealth.add(lease))
+		le, lerr := newLeaderConfig(cfg, d.rest, lease, leaderHealth.Add())
 		if lerr != nil {
 			return lerr
 		}
 		inner := r.run
-		runners[i].run = func(ctx context.Context) error { return runWithLeaderElection(ctx, le, inner) }
+		runners[i].run = func(ctx context.Context) error { return leasewatch.Run(ctx, le, inner) }
 	}
 	if err := runControllers(ctx, runners); err != nil {
 		return err
@@ -181,7 +167,7 @@ type deps struct {
 	csi       *csiclient.Client
 	driver    string
 	registry  prometheus.Registerer
-	health    *healthChecks
+	health    *health.Checks
 	// env reads the environment (NAMESPACE, POD_NAME).
 	env func(string) string
 }
@@ -232,90 +218,6 @@ func nodeLeaseName(lease, node string) string {
 	return name[:63-17] + "-" + hex.EncodeToString(sum[:8])
 }
 
-// healthChecks are the named checks behind /healthz; all must pass. Apart
-// from them, a controller's own check (addOwn) is served at
-// /healthz/<name> only.
-type healthChecks struct {
-	mu     sync.Mutex
-	names  []string
-	checks []func() error
-	own    map[string]func() error
-}
-
-// addOwn serves check at /healthz/<name> and leaves /healthz out of it:
-// for a controller whose trouble must not make the whole sidecar unready
-// (the webhook waiting for its certificate Secret fails open; the attach
-// and capacity controllers beside it must keep the pod Ready).
-func (h *healthChecks) addOwn(name string, check func() error) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.own == nil {
-		h.own = map[string]func() error{}
-	}
-	h.own[name] = check
-}
-
-// ownHandler serves the checks of addOwn under /healthz/.
-func (h *healthChecks) ownHandler() http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		h.mu.Lock()
-		check := h.own[strings.TrimPrefix(r.URL.Path, "/healthz/")]
-		h.mu.Unlock()
-		if check == nil {
-			http.NotFound(w, r)
-			return
-		}
-		checkHandler(check, http.StatusServiceUnavailable).ServeHTTP(w, r)
-	})
-}
-
-// add adds a check; /healthz fails while it returns an error.
-func (h *healthChecks) add(name string, check func() error) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.names = append(h.names, name)
-	h.checks = append(h.checks, check)
-}
-
-// check runs every check and reports the failing ones.
-func (h *healthChecks) check() error {
-	h.mu.Lock()
-	names, checks := slices.Clone(h.names), slices.Clone(h.checks)
-	h.mu.Unlock()
-	var errs []error
-	for i, c := range checks {
-		if err := c(); err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", names[i], err))
-		}
-	}
-	return errors.Join(errs...)
-}
-
-// leaderHealthChecks watch every Lease this process runs for.
-type leaderHealthChecks struct {
-	mu       sync.Mutex
-	adaptors []*leaderelection.HealthzAdaptor
-}
-
-// add returns the watchdog of one more Lease.
-func (l *leaderHealthChecks) add(lease string) *leaderelection.HealthzAdaptor {
-	a := leaderelection.NewLeaderHealthzAdaptor(leaderHealthTimeout)
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.adaptors = append(l.adaptors, a)
-	return a
-}
-
-func (l *leaderHealthChecks) check() error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	var errs []error
-	for _, a := range l.adaptors {
-		errs = append(errs, a.Check(nil))
-	}
-	return errors.Join(errs...)
-}
-
 // stopReason turns the end of ctx into the result of run: nil after a
 // signal, the cause when something else (the HTTP server) ended it.
 func stopReason(ctx context.Context, err error) error {
@@ -364,16 +266,4 @@ func runControllers(ctx context.Context, runners []runner) error {
 		return cause
 	}
 	return nil
-}
-
-// checkHandler serves check: "ok" while it passes, else its error with
-// failCode.
-func checkHandler(check func() error, failCode int) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		if err := check(); err != nil {
-			http.Error(w, err.Error(), failCode)
-			return
-		}
-		fmt.Fprint(w, "ok")
-	})
 }

@@ -75,6 +75,6 @@ func buildWebhook(d *deps) (*runner, error) {
 	}
 	// Not in /healthz: the sidecar stays Ready while the webhook waits
 	// for its certificate (the configuration fails open meanwhile).
-	d.health.addOwn("webhook", w.Ready)
+	d.health.AddOwn("webhook", w.Ready)
 	return &runner{run: w.Run}, nil
 }

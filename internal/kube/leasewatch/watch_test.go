@@ -1,4 +1,4 @@
-package main
+package leasewatch
 
 import (
 	"context"
