@@ -77,3 +77,20 @@ func TestRecorder(t *testing.T) {
 	Diff(t, "events", []string{"Normal Done all of it"}, Events(rec))
 	Diff(t, "events after Events", []string(nil), Events(rec))
 }
+
+func TestEnvAndCalls(t *testing.T) {
+	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	env := NewEnv(t, now, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "cm"}})
+	if !env.Clock.Now().Equal(now) || env.Ctx == nil || env.Registry == nil || env.Recorder == nil {
+		t.Fatalf("env: %+v", env)
+	}
+	Get[*corev1.ConfigMap](t, env.Client, corev1.SchemeGroupVersion.WithResource("configmaps"), "ns", "cm")
+
+	var calls Calls[string]
+	calls.Add("a")
+	calls.Add("b")
+	calls.Add("a")
+	Diff(t, "count", 2, calls.Count(func(c string) bool { return c == "a" }))
+	Diff(t, "take", []string{"a", "b", "a"}, calls.Take())
+	Diff(t, "take again", []string(nil), calls.Take())
+}
