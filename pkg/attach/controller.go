@@ -119,19 +119,12 @@ const TimeoutGrowthLimit = 8
 
 // Validate reports the first field of c that cannot work.
 func (c Config) Validate() error {
+	if err := kube.ValidateController(c.DriverName, c.Client, c.Informers, c.Workers, c.RetryIntervalStart, c.RetryIntervalMax); err != nil {
+		return err
+	}
 	switch {
-	case c.DriverName == "":
-		return errors.New("the driver name is empty")
-	case c.Client == nil:
-		return errors.New("no Kubernetes client")
 	case c.CSI == nil:
 		return errors.New("no CSI driver connection")
-	case c.Workers < 1:
-		return fmt.Errorf("workers must be at least 1, not %d", c.Workers)
-	case c.Informers == nil:
-		return errors.New("no shared informers")
-	case kube.ValidateBackoff(c.RetryIntervalStart, c.RetryIntervalMax) != nil:
-		return kube.ValidateBackoff(c.RetryIntervalStart, c.RetryIntervalMax)
 	case c.ReconcileSync < 0:
 		return fmt.Errorf("the reconcile period must not be negative, not %s", c.ReconcileSync)
 	case c.Timeout < 0:
@@ -279,20 +272,7 @@ func (c *Controller) Run(ctx context.Context) error {
 		wg.Go(func() { wait.UntilWithContext(ctx, c.pvWorker, time.Second) })
 	}
 	if c.cfg.ReconcileSync > 0 {
-		wg.Go(func() {
-			// The first pass waits one period: at start every object is
-			// queued anyway.
-			t := c.clock.NewTicker(c.cfg.ReconcileSync)
-			defer t.Stop()
-			for {
-				select {
-				case <-ctx.Done():
-					return
-				case <-t.C():
-					c.reconcile(ctx)
-				}
-			}
-		})
+		wg.Go(func() { kube.Every(ctx, c.clock, c.cfg.ReconcileSync, func() { c.reconcile(ctx) }) })
 	}
 	logger.Info("Attach controller started")
 	<-ctx.Done()

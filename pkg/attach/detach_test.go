@@ -144,7 +144,7 @@ func TestSyncVADetach(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFixture(t, tc.caps, tc.objs...)
 			f.csi.unpublishErr = tc.unpublishErr
-			err := f.c.syncVA(f.ctx, "va1")
+			err := f.c.syncVA(f.Ctx, "va1")
 			if (err != nil) != tc.wantErr {
 				t.Fatalf("syncVA error = %v, want error %v", err, tc.wantErr)
 			}
@@ -219,12 +219,12 @@ func TestSyncPV(t *testing.T) {
 			if tc.live != nil {
 				pv := f.pv("pv1")
 				pv.Finalizers = tc.live
-				if err := f.client.Tracker().Update(corev1.SchemeGroupVersion.WithResource("persistentvolumes"), pv, ""); err != nil {
+				if err := f.Client.Tracker().Update(corev1.SchemeGroupVersion.WithResource("persistentvolumes"), pv, ""); err != nil {
 					t.Fatal(err)
 				}
-				f.client.ClearActions()
+				f.Client.ClearActions()
 			}
-			if err := f.c.syncPV(f.ctx, "pv1"); err != nil {
+			if err := f.c.syncPV(f.Ctx, "pv1"); err != nil {
 				t.Fatalf("syncPV: %v", err)
 			}
 			kubetest.Diff(t, "API actions", tc.wantAPI, f.actions())
@@ -243,12 +243,12 @@ func TestEnsurePVFinalizerStaleCache(t *testing.T) {
 	f := newFixture(t, allCaps, pvObj("pv1", "pool.vol1"))
 	pv := f.pv("pv1")
 	pv.Finalizers = []string{"kubernetes.io/pv-protection"}
-	if err := f.client.Tracker().Update(corev1.SchemeGroupVersion.WithResource("persistentvolumes"), pv, ""); err != nil {
+	if err := f.Client.Tracker().Update(corev1.SchemeGroupVersion.WithResource("persistentvolumes"), pv, ""); err != nil {
 		t.Fatal(err)
 	}
-	f.client.ClearActions()
+	f.Client.ClearActions()
 	cached, _ := f.c.pvLister.Get("pv1")
-	if err := f.c.ensurePVFinalizer(f.ctx, cached); err != nil {
+	if err := f.c.ensurePVFinalizer(f.Ctx, cached); err != nil {
 		t.Fatalf("ensurePVFinalizer: %v", err)
 	}
 	kubetest.Diff(t, "API actions", []apiAction{

@@ -47,8 +47,8 @@ func TestStateEmptyAfterBurst(t *testing.T) {
 	// The API server deletes an object whose last finalizer goes; the
 	// informer sees that and runs the delete handler before the patch's
 	// answer reaches the worker.
-	react := k8stesting.ObjectReaction(f.client.Tracker())
-	f.client.PrependReactor("patch", "volumeattachments", func(a k8stesting.Action) (bool, runtime.Object, error) {
+	react := k8stesting.ObjectReaction(f.Client.Tracker())
+	f.Client.PrependReactor("patch", "volumeattachments", func(a k8stesting.Action) (bool, runtime.Object, error) {
 		pa := a.(k8stesting.PatchActionImpl)
 		if pa.GetPatchType() != types.JSONPatchType || !strings.Contains(string(pa.GetPatch()), `"remove"`) {
 			return false, nil, nil
@@ -59,7 +59,7 @@ func TestStateEmptyAfterBurst(t *testing.T) {
 		}
 		va := obj.(*storagev1.VolumeAttachment)
 		if va.DeletionTimestamp != nil && len(va.Finalizers) == 0 {
-			if err := f.client.Tracker().Delete(vaGVR, "", va.Name); err != nil {
+			if err := f.Client.Tracker().Delete(vaGVR, "", va.Name); err != nil {
 				t.Error(err)
 			}
 			cached, _ := f.c.vaLister.Get(va.Name)
@@ -71,13 +71,13 @@ func TestStateEmptyAfterBurst(t *testing.T) {
 	for i := range n {
 		va := f.va(fmt.Sprintf("va%d", i))
 		deleting(va)
-		if err := f.client.Tracker().Update(vaGVR, va, ""); err != nil {
+		if err := f.Client.Tracker().Update(vaGVR, va, ""); err != nil {
 			t.Fatal(err)
 		}
 	}
 	f.observe()
 	f.drain()
-	vas, _ := f.client.StorageV1().VolumeAttachments().List(f.ctx, metav1.ListOptions{})
+	vas, _ := f.Client.StorageV1().VolumeAttachments().List(f.Ctx, metav1.ListOptions{})
 	if len(vas.Items) != 0 {
 		t.Fatalf("%d VolumeAttachments left", len(vas.Items))
 	}
@@ -120,7 +120,7 @@ func TestNotLeadingActsOnNothing(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFixture(t, allCaps, tc.va, pvObj("pv1", "pool.vol1", pvFinalizers(finalizer)), csiNodeObj(testNode, testNodeID))
-			ctx := kube.WithLeaderCheck(f.ctx, func() error { return kube.ErrNotLeading })
+			ctx := kube.WithLeaderCheck(f.Ctx, func() error { return kube.ErrNotLeading })
 			err := f.c.syncVA(ctx, "va1")
 			if err == nil || !strings.Contains(err.Error(), kube.ErrNotLeading.Error()) {
 				t.Fatalf("syncVA = %v, want %v", err, kube.ErrNotLeading)
@@ -141,14 +141,14 @@ func TestCallTimeoutGrows(t *testing.T) {
 	f.csi.publishErr = status.Error(codes.DeadlineExceeded, "context deadline exceeded")
 	var got []time.Duration
 	for range 5 {
-		if err := f.c.syncVA(f.ctx, "va1"); status.Code(err) != codes.DeadlineExceeded {
+		if err := f.c.syncVA(f.Ctx, "va1"); status.Code(err) != codes.DeadlineExceeded {
 			t.Fatalf("syncVA = %v, want DEADLINE_EXCEEDED", err)
 		}
 		got = append(got, f.c.state.callTimeout("va1", f.c.cfg.Timeout))
 	}
 	kubetest.Diff(t, "timeouts after each timeout", []time.Duration{20 * time.Second, 40 * time.Second, 80 * time.Second, 80 * time.Second, 80 * time.Second}, got)
 	f.csi.publishErr = nil
-	if err := f.c.syncVA(f.ctx, "va1"); err != nil {
+	if err := f.c.syncVA(f.Ctx, "va1"); err != nil {
 		t.Fatal(err)
 	}
 	kubetest.Diff(t, "timeout after a success", 10*time.Second, f.c.state.callTimeout("va1", f.c.cfg.Timeout))
@@ -187,7 +187,7 @@ func TestLeakRepair(t *testing.T) {
 			objs: base(),
 			between: func(f *fixture) {
 				va := vaObj("va2", "pv2", withNodeIDAnnotation(testNodeID))
-				if err := f.client.Tracker().Add(va); err != nil {
+				if err := f.Client.Tracker().Add(va); err != nil {
 					t.Fatal(err)
 				}
 				f.cache(pvObj("pv2", "pool.leak"))
@@ -211,13 +211,13 @@ func TestLeakRepair(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFixture(t, allCaps, tc.objs...)
 			f.csi.published = maps.Clone(published)
-			f.c.reconcile(f.ctx)
+			f.c.reconcile(f.Ctx)
 			kubetest.Diff(t, "CSI calls of the first pass", []csiCall{listed}, f.csi.takeCalls())
 			if tc.between != nil {
 				tc.between(f)
 			}
-			f.clock.Step(f.c.leakGrace())
-			f.c.reconcile(f.ctx)
+			f.Clock.Step(f.c.leakGrace())
+			f.c.reconcile(f.Ctx)
 			calls := f.csi.takeCalls()
 			if len(calls) > 1 {
 				rest := calls[1:]

@@ -57,7 +57,7 @@ func TestAttachDetachFlowPublishesOnceWithFourWrites(t *testing.T) {
 
 	// kube-controller-manager creates the VolumeAttachments.
 	for i := range n {
-		if err := f.client.Tracker().Add(vaObj(fmt.Sprintf("va%d", i), fmt.Sprintf("pv%d", i))); err != nil {
+		if err := f.Client.Tracker().Add(vaObj(fmt.Sprintf("va%d", i), fmt.Sprintf("pv%d", i))); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -89,7 +89,7 @@ func TestAttachDetachFlowPublishesOnceWithFourWrites(t *testing.T) {
 	for i := range n {
 		va := f.va(fmt.Sprintf("va%d", i))
 		deleting(va)
-		if err := f.client.Tracker().Update(vaGVR, va, ""); err != nil {
+		if err := f.Client.Tracker().Update(vaGVR, va, ""); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -140,7 +140,7 @@ func TestOwnStatusWriteDoesNotResetBackoff(t *testing.T) {
 			f.csi.publishErr = tc.err
 			f.c.vaAdded(f.va("va1"))
 
-			err := f.c.syncVA(f.ctx, "va1")
+			err := f.c.syncVA(f.Ctx, "va1")
 			if status.Code(err) != status.Code(tc.err) {
 				t.Fatalf("syncVA = %v, want %v", err, tc.err)
 			}
@@ -253,7 +253,7 @@ func TestOneWorkerPerVolumeAttachmentAcrossQueues(t *testing.T) {
 		t.Fatal("tryLock failed on a free key")
 	}
 	f.c.detachQ.Q.Add("va1")
-	f.c.processNextVA(f.ctx, f.c.detachQ)
+	f.c.processNextVA(f.Ctx, f.c.detachQ)
 	kubetest.Diff(t, "CSI calls while another worker holds va1", nil, f.csi.takeCalls())
 	if n := f.c.detachQ.Q.Len(); n != 0 {
 		t.Fatalf("detach queue holds %d items while va1 is busy", n)
@@ -262,7 +262,7 @@ func TestOneWorkerPerVolumeAttachmentAcrossQueues(t *testing.T) {
 	if n := f.c.detachQ.Q.Len(); n != 1 {
 		t.Fatalf("va1 not handed back to the detach queue (%d items)", n)
 	}
-	f.c.processNextVA(f.ctx, f.c.detachQ)
+	f.c.processNextVA(f.Ctx, f.c.detachQ)
 	kubetest.Diff(t, "CSI calls", map[string]int{"ControllerUnpublishVolume": 1}, countCalls(f.csi.takeCalls()))
 }
 
@@ -274,7 +274,7 @@ func TestDetachWakesAttachesBlockedOnTheSameVolumeOrNode(t *testing.T) {
 		vaObj("healthy", "pv8", attached(nil)),
 		vaObj("elsewhere", "pv7", onNode("node-3"), withAttachError(int32(codes.ResourceExhausted))),
 		pvObj("pv1", "pool.vol1", pvFinalizers(finalizer)))
-	if err := f.c.syncVA(f.ctx, "old"); err != nil {
+	if err := f.c.syncVA(f.Ctx, "old"); err != nil {
 		t.Fatalf("syncVA: %v", err)
 	}
 	var woken []string
@@ -307,7 +307,7 @@ func TestVAMetadataConflictReadsAgain(t *testing.T) {
 	f := newFixture(t, allCaps,
 		vaObj("va1", "pv1", withRV("7")), pvObj("pv1", "pool.vol1", pvFinalizers(finalizer)), csiNodeObj(testNode, testNodeID))
 	conflicts := 1
-	f.client.PrependReactor("patch", "volumeattachments", func(a k8stesting.Action) (bool, runtime.Object, error) {
+	f.Client.PrependReactor("patch", "volumeattachments", func(a k8stesting.Action) (bool, runtime.Object, error) {
 		if p := a.(k8stesting.PatchAction); p.GetSubresource() == "" && p.GetPatchType() == types.MergePatchType && conflicts > 0 {
 			conflicts--
 			return true, nil, apierrors.NewConflict(schema.GroupResource{Group: "storage.k8s.io", Resource: "volumeattachments"}, "va1", errors.New("stale"))
@@ -318,11 +318,11 @@ func TestVAMetadataConflictReadsAgain(t *testing.T) {
 	live := f.va("va1")
 	live.ResourceVersion = "8"
 	live.Finalizers = []string{otherFin}
-	if err := f.client.Tracker().Update(vaGVR, live, ""); err != nil {
+	if err := f.Client.Tracker().Update(vaGVR, live, ""); err != nil {
 		t.Fatal(err)
 	}
-	f.client.ClearActions()
-	if err := f.c.syncVA(f.ctx, "va1"); err != nil {
+	f.Client.ClearActions()
+	if err := f.c.syncVA(f.Ctx, "va1"); err != nil {
 		t.Fatalf("syncVA: %v", err)
 	}
 	kubetest.Diff(t, "API actions", []apiAction{
@@ -342,12 +342,12 @@ func TestStaleCacheAfterOwnWriteReadsLiveObject(t *testing.T) {
 	live := f.va("va1")
 	live.ResourceVersion = "6"
 	live.Status.Attached = true
-	if err := f.client.Tracker().Update(vaGVR, live, ""); err != nil {
+	if err := f.Client.Tracker().Update(vaGVR, live, ""); err != nil {
 		t.Fatal(err)
 	}
 	f.c.state.written.Record("va1", "6", testNow)
-	f.client.ClearActions()
-	if err := f.c.syncVA(f.ctx, "va1"); err != nil {
+	f.Client.ClearActions()
+	if err := f.c.syncVA(f.Ctx, "va1"); err != nil {
 		t.Fatalf("syncVA: %v", err)
 	}
 	kubetest.Diff(t, "API actions", []apiAction{get("volumeattachments", "va1")}, f.actions())
@@ -359,7 +359,7 @@ func TestWaitsForTheDriverInsteadOfFailing(t *testing.T) {
 	gate := &gatedCSI{fakeCSI: f.csi, ready: make(chan struct{})}
 	f.c.csi = gate
 	f.c.vaAdded(f.va("va1"))
-	ctx, cancel := context.WithTimeout(f.ctx, 50*time.Millisecond)
+	ctx, cancel := context.WithTimeout(f.Ctx, 50*time.Millisecond)
 	defer cancel()
 	if f.c.processNextVA(ctx, f.c.attachQ) {
 		t.Fatal("processNextVA went on while the driver was away")
@@ -388,13 +388,13 @@ func (g *gatedCSI) WaitReady(ctx context.Context) error {
 func TestVAMetadataPatchFailureIsReportedWithoutPublishing(t *testing.T) {
 	f := newFixture(t, allCaps,
 		vaObj("va1", "pv1"), pvObj("pv1", "pool.vol1", pvFinalizers(finalizer)), csiNodeObj(testNode, testNodeID))
-	f.client.PrependReactor("patch", "volumeattachments", func(a k8stesting.Action) (bool, runtime.Object, error) {
+	f.Client.PrependReactor("patch", "volumeattachments", func(a k8stesting.Action) (bool, runtime.Object, error) {
 		if p := a.(k8stesting.PatchAction); p.GetSubresource() == "" {
 			return true, nil, apierrors.NewInternalError(errors.New("etcd is sad"))
 		}
 		return false, nil, nil
 	})
-	err := f.c.syncVA(f.ctx, "va1")
+	err := f.c.syncVA(f.Ctx, "va1")
 	if !apierrors.IsInternalError(err) || isFinal(err) {
 		t.Fatalf("syncVA = %v, want a transient internal error", err)
 	}
@@ -415,26 +415,26 @@ func TestWriteOrderAroundTheDriver(t *testing.T) {
 	var timeline []string
 	apiSeen := 0
 	record := func(event string) {
-		for _, a := range f.client.Actions()[apiSeen:] {
+		for _, a := range f.Client.Actions()[apiSeen:] {
 			timeline = append(timeline, a.GetVerb()+" "+a.GetResource().Resource+subresource(a))
 		}
-		apiSeen = len(f.client.Actions())
+		apiSeen = len(f.Client.Actions())
 		if event != "" {
 			timeline = append(timeline, event)
 		}
 	}
 	f.csi.onCall = record
 
-	if err := f.c.syncVA(f.ctx, "va1"); err != nil {
+	if err := f.c.syncVA(f.Ctx, "va1"); err != nil {
 		t.Fatalf("attach: %v", err)
 	}
 	va := f.va("va1")
 	deleting(va)
-	if err := f.client.Tracker().Update(vaGVR, va, ""); err != nil {
+	if err := f.Client.Tracker().Update(vaGVR, va, ""); err != nil {
 		t.Fatal(err)
 	}
 	f.cache(va)
-	if err := f.c.syncVA(f.ctx, "va1"); err != nil {
+	if err := f.c.syncVA(f.Ctx, "va1"); err != nil {
 		t.Fatalf("detach: %v", err)
 	}
 	record("")

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
-	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -20,10 +19,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/kubernetes/fake"
-	"k8s.io/client-go/tools/record"
-	"k8s.io/klog/v2/ktesting"
-	testingclock "k8s.io/utils/clock/testing"
 
 	"github.com/loopvol/loopvol/internal/kube"
 	"github.com/loopvol/loopvol/internal/kube/kubetest"
@@ -200,7 +195,7 @@ type csiCall struct {
 type fakeCSI struct {
 	mu           sync.Mutex
 	caps         csiclient.Capabilities
-	calls        []csiCall
+	calls        kubetest.Calls[csiCall]
 	publishCtx   map[string]string
 	publishErr   error
 	unpublishErr error
@@ -238,7 +233,7 @@ func capString(c *csi.VolumeCapability) string {
 func (f *fakeCSI) ControllerPublish(_ context.Context, req *csi.ControllerPublishVolumeRequest) (map[string]string, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.calls = append(f.calls, csiCall{
+	f.calls.Add(csiCall{
 		Method: "ControllerPublishVolume", VolumeID: req.VolumeId, NodeID: req.NodeId, Readonly: req.Readonly,
 		Capability: capString(req.VolumeCapability), Secrets: req.Secrets, Context: req.VolumeContext,
 	})
@@ -254,7 +249,7 @@ func (f *fakeCSI) ControllerPublish(_ context.Context, req *csi.ControllerPublis
 func (f *fakeCSI) ControllerUnpublish(_ context.Context, req *csi.ControllerUnpublishVolumeRequest) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.calls = append(f.calls, csiCall{Method: "ControllerUnpublishVolume", VolumeID: req.VolumeId, NodeID: req.NodeId, Secrets: req.Secrets})
+	f.calls.Add(csiCall{Method: "ControllerUnpublishVolume", VolumeID: req.VolumeId, NodeID: req.NodeId, Secrets: req.Secrets})
 	if f.onCall != nil {
 		f.onCall("ControllerUnpublishVolume")
 	}
@@ -264,7 +259,7 @@ func (f *fakeCSI) ControllerUnpublish(_ context.Context, req *csi.ControllerUnpu
 func (f *fakeCSI) ListVolumes(context.Context) (map[string][]string, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.calls = append(f.calls, csiCall{Method: "ListVolumes"})
+	f.calls.Add(csiCall{Method: "ListVolumes"})
 	return f.published, nil
 }
 
@@ -285,13 +280,7 @@ func (f *fakeCSI) reconnect() {
 	}
 }
 
-func (f *fakeCSI) takeCalls() []csiCall {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	out := f.calls
-	f.calls = nil
-	return out
-}
+func (f *fakeCSI) takeCalls() []csiCall { return f.calls.Take() }
 
 // --- fixture ---
 
@@ -299,59 +288,45 @@ func (f *fakeCSI) takeCalls() []csiCall {
 // caches are filled by hand, so that each test runs the sync functions
 // directly and deterministically.
 type fixture struct {
-	t        *testing.T
-	ctx      context.Context
-	client   *fake.Clientset
-	csi      *fakeCSI
-	recorder *record.FakeRecorder
-	registry *prometheus.Registry
-	clock    *testingclock.FakeClock
-	c        *Controller
-	rv       int // last resourceVersion handed out by observe
+	*kubetest.Env
+	csi *fakeCSI
+	c   *Controller
+	rv  int // last resourceVersion handed out by observe
 }
 
 func newFixture(t *testing.T, caps csiclient.Capabilities, objs ...runtime.Object) *fixture {
 	t.Helper()
-	_, ctx := ktesting.NewTestContext(t)
-	f := &fixture{
-		t:        t,
-		ctx:      ctx,
-		client:   fake.NewClientset(objs...),
-		csi:      &fakeCSI{caps: caps},
-		recorder: record.NewFakeRecorder(100),
-		registry: prometheus.NewRegistry(),
-		clock:    testingclock.NewFakeClock(testNow),
-	}
+	f := &fixture{Env: kubetest.NewEnv(t, testNow, objs...), csi: &fakeCSI{caps: caps}}
 	c, err := New(Config{
 		DriverName:         driver,
-		Client:             f.client,
+		Client:             f.Client,
 		CSI:                f.csi,
-		Recorder:           f.recorder,
-		Informers:          kube.NewInformers(f.client, 0),
+		Recorder:           f.Recorder,
+		Informers:          kube.NewInformers(f.Client, 0),
 		Workers:            2,
 		RetryIntervalStart: time.Second,
 		RetryIntervalMax:   5 * time.Minute,
 		ReconcileSync:      time.Minute,
 		DefaultFSType:      "ext4",
-		Registerer:         f.registry,
+		Registerer:         f.Registry,
 	})
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
-	c.clock = f.clock
-	c.pending.clock = f.clock
+	c.clock = f.Clock
+	c.pending.clock = f.Clock
 	t.Cleanup(c.shutDownQueues)
 	f.c = c
 	for _, o := range objs {
 		f.cache(o)
 	}
-	f.client.ClearActions()
+	f.Client.ClearActions()
 	return f
 }
 
 // cache puts obj into the informer cache, as a watch event would.
 func (f *fixture) cache(obj runtime.Object) {
-	f.t.Helper()
+	f.T.Helper()
 	var err error
 	switch o := obj.(type) {
 	case *storagev1.VolumeAttachment:
@@ -362,7 +337,7 @@ func (f *fixture) cache(obj runtime.Object) {
 		err = f.c.csiNodeInformer.GetIndexer().Add(o.DeepCopy())
 	}
 	if err != nil {
-		f.t.Fatalf("cache %T: %v", obj, err)
+		f.T.Fatalf("cache %T: %v", obj, err)
 	}
 }
 
@@ -370,10 +345,10 @@ func (f *fixture) cache(obj runtime.Object) {
 // differs between the fake API server and the cache is copied into the
 // cache and its event handler called, the way an informer delivers it.
 func (f *fixture) observe() {
-	f.t.Helper()
-	vas, err := f.client.Tracker().List(storagev1.SchemeGroupVersion.WithResource("volumeattachments"), storagev1.SchemeGroupVersion.WithKind("VolumeAttachment"), "")
+	f.T.Helper()
+	vas, err := f.Client.Tracker().List(storagev1.SchemeGroupVersion.WithResource("volumeattachments"), storagev1.SchemeGroupVersion.WithKind("VolumeAttachment"), "")
 	if err != nil {
-		f.t.Fatal(err)
+		f.T.Fatal(err)
 	}
 	live := map[string]bool{}
 	for _, o := range vas.(*storagev1.VolumeAttachmentList).Items {
@@ -397,9 +372,9 @@ func (f *fixture) observe() {
 			f.c.vaDeleted(va)
 		}
 	}
-	pvs, err := f.client.Tracker().List(corev1.SchemeGroupVersion.WithResource("persistentvolumes"), corev1.SchemeGroupVersion.WithKind("PersistentVolume"), "")
+	pvs, err := f.Client.Tracker().List(corev1.SchemeGroupVersion.WithResource("persistentvolumes"), corev1.SchemeGroupVersion.WithKind("PersistentVolume"), "")
 	if err != nil {
-		f.t.Fatal(err)
+		f.T.Fatal(err)
 	}
 	pvIndexer := f.c.pvInformer.GetIndexer()
 	for _, o := range pvs.(*corev1.PersistentVolumeList).Items {
@@ -416,11 +391,11 @@ func (f *fixture) observe() {
 // bumpRV gives a changed object a new resourceVersion in the fake API
 // server, as a real one does on every write (the fake keeps them as given).
 func (f *fixture) bumpRV(obj metav1.Object, gvr schema.GroupVersionResource) {
-	f.t.Helper()
+	f.T.Helper()
 	f.rv++
 	obj.SetResourceVersion(strconv.Itoa(f.rv))
-	if err := f.client.Tracker().Update(gvr, obj.(runtime.Object), ""); err != nil {
-		f.t.Fatalf("bump resourceVersion: %v", err)
+	if err := f.Client.Tracker().Update(gvr, obj.(runtime.Object), ""); err != nil {
+		f.T.Fatalf("bump resourceVersion: %v", err)
 	}
 }
 
@@ -433,35 +408,35 @@ func stripped[T runtime.Object](o T) T {
 // drain runs the workers until every queue is empty (items waiting out a
 // backoff are not run).
 func (f *fixture) drain() {
-	f.t.Helper()
+	f.T.Helper()
 	for range 1000 {
 		switch {
 		case f.c.attachQ.Q.Len() > 0:
-			f.c.processNextVA(f.ctx, f.c.attachQ)
+			f.c.processNextVA(f.Ctx, f.c.attachQ)
 		case f.c.detachQ.Q.Len() > 0:
-			f.c.processNextVA(f.ctx, f.c.detachQ)
+			f.c.processNextVA(f.Ctx, f.c.detachQ)
 		case f.c.pvQ.Q.Len() > 0:
-			f.c.processNextPV(f.ctx)
+			f.c.processNextPV(f.Ctx)
 		default:
 			return
 		}
 		f.observe()
 	}
-	f.t.Fatal("the queues never drained")
+	f.T.Fatal("the queues never drained")
 }
 
 func (f *fixture) va(name string) *storagev1.VolumeAttachment {
-	f.t.Helper()
-	return kubetest.Get[*storagev1.VolumeAttachment](f.t, f.client, vaGVR, "", name)
+	f.T.Helper()
+	return kubetest.Get[*storagev1.VolumeAttachment](f.T, f.Client, vaGVR, "", name)
 }
 
 func (f *fixture) pv(name string) *corev1.PersistentVolume {
-	f.t.Helper()
-	return kubetest.Get[*corev1.PersistentVolume](f.t, f.client, corev1.SchemeGroupVersion.WithResource("persistentvolumes"), "", name)
+	f.T.Helper()
+	return kubetest.Get[*corev1.PersistentVolume](f.T, f.Client, corev1.SchemeGroupVersion.WithResource("persistentvolumes"), "", name)
 }
 
 // events returns the Events recorded so far.
-func (f *fixture) events() []string { return kubetest.Events(f.recorder) }
+func (f *fixture) events() []string { return kubetest.Events(f.Recorder) }
 
 // apiAction is one request to the API server, with its patch normalized.
 type apiAction = kubetest.Action
@@ -469,12 +444,12 @@ type apiAction = kubetest.Action
 // recorder lists every request but the informers' (lists and watches).
 var recorder = kubetest.Recorder{Skip: []string{"list"}}
 
-func (f *fixture) actions() []apiAction { return recorder.Take(f.client) }
+func (f *fixture) actions() []apiAction { return recorder.Take(f.Client) }
 
 // handle ends one sync of key on q as Queue.ProcessNext does, and returns
 // the retry delay.
 func (f *fixture) handle(q *queue, key string, err error) time.Duration {
-	return q.Handle(f.ctx, key, err, err != nil && isFinal(err))
+	return q.Handle(f.Ctx, key, err, err != nil && isFinal(err))
 }
 
 func patchPV(name, patch string) apiAction {

@@ -19,7 +19,7 @@ func TestMetrics(t *testing.T) {
 	for _, name := range []string{"ok", "full", "gone"} {
 		f.c.vaAdded(f.va(name))
 	}
-	f.clock.Step(90 * time.Second)
+	f.Clock.Step(90 * time.Second)
 	f.c.vaAdded(f.va("ok")) // queued again: still pending since the first time
 
 	check := func(want string) {
@@ -29,7 +29,7 @@ func TestMetrics(t *testing.T) {
 			"loopvol_attacher_detaches_total", "loopvol_attacher_detach_errors_total",
 			"loopvol_attacher_queue_depth", "loopvol_attacher_queue_oldest_item_age_seconds",
 		}
-		if err := testutil.GatherAndCompare(f.registry, strings.NewReader(want), names...); err != nil {
+		if err := testutil.GatherAndCompare(f.Registry, strings.NewReader(want), names...); err != nil {
 			t.Error(err)
 		}
 	}
@@ -54,11 +54,11 @@ loopvol_attacher_queue_oldest_item_age_seconds{operation="detach"} 90
 
 	// "ok" attaches; "full" fails with RESOURCE_EXHAUSTED and stays pending;
 	// "gone" detaches.
-	f.c.processNextVA(f.ctx, f.c.attachQ) // ok
+	f.c.processNextVA(f.Ctx, f.c.attachQ) // ok
 	f.csi.publishErr = status.Error(codes.ResourceExhausted, "full")
-	f.c.processNextVA(f.ctx, f.c.attachQ) // full
-	f.c.processNextVA(f.ctx, f.c.detachQ) // gone
-	f.clock.Step(10 * time.Second)
+	f.c.processNextVA(f.Ctx, f.c.attachQ) // full
+	f.c.processNextVA(f.Ctx, f.c.detachQ) // gone
+	f.Clock.Step(10 * time.Second)
 	check(help + `
 # HELP loopvol_attacher_attach_errors_total Failed attach attempts by gRPC code (None: failed before the driver answered, e.g. a missing PersistentVolume or node ID).
 # TYPE loopvol_attacher_attach_errors_total counter

@@ -105,8 +105,8 @@ func TestReconcile(t *testing.T) {
 			if tc.setup != nil {
 				tc.setup(f)
 			}
-			f.clock.Step(time.Second) // the pass starts after the setup's writes
-			f.c.reconcile(f.ctx)
+			f.Clock.Step(time.Second) // the pass starts after the setup's writes
+			f.c.reconcile(f.Ctx)
 			if got := f.c.attachQ.Q.Len() == 1; got != tc.wantQueue {
 				t.Fatalf("va1 queued = %v, want %v", got, tc.wantQueue)
 			}
@@ -114,7 +114,7 @@ func TestReconcile(t *testing.T) {
 				t.Errorf("forced sync = %v, want %v", forced, tc.wantQueue)
 			}
 			if tc.wantQueue {
-				f.c.processNextVA(f.ctx, f.c.attachQ)
+				f.c.processNextVA(f.Ctx, f.c.attachQ)
 				if _, forced := f.c.state.forced("va1"); forced {
 					t.Errorf("the forced sync is still pending after a successful sync")
 				}
@@ -130,7 +130,7 @@ func TestReconcile(t *testing.T) {
 			if tc.wantQueue {
 				want = 1
 			}
-			if err := testutil.GatherAndCompare(f.registry, strings.NewReader(`
+			if err := testutil.GatherAndCompare(f.Registry, strings.NewReader(`
 # HELP loopvol_attacher_reconcile_resyncs_total VolumeAttachments the ListVolumes reconcile found disagreeing with the driver and synced again.
 # TYPE loopvol_attacher_reconcile_resyncs_total counter
 loopvol_attacher_reconcile_resyncs_total `+itoa(want)+`
@@ -150,11 +150,11 @@ func TestForcedSyncOfAChangedObjectIsNormal(t *testing.T) {
 		pvObj("pv1", "pool.vol1", pvFinalizers(finalizer)))
 	live := f.va("va1")
 	live.ResourceVersion = "4"
-	if err := f.client.Tracker().Update(vaGVR, live, ""); err != nil {
+	if err := f.Client.Tracker().Update(vaGVR, live, ""); err != nil {
 		t.Fatal(err)
 	}
 	f.c.state.setForce("va1", "3")
-	if err := f.c.syncVA(f.ctx, "va1"); err != nil {
+	if err := f.c.syncVA(f.Ctx, "va1"); err != nil {
 		t.Fatalf("syncVA: %v", err)
 	}
 	kubetest.Diff(t, "CSI calls", nil, f.csi.takeCalls())
@@ -169,14 +169,14 @@ func TestForcedSyncSurvivesItsOwnFailure(t *testing.T) {
 	f := newFixture(t, allCaps,
 		vaObj("va1", "pv1", withRV("3"), withFinalizers(finalizer), withNodeIDAnnotation(testNodeID), attached(nil)),
 		pvObj("pv1", "pool.vol1", pvFinalizers(finalizer)))
-	kubetest.Serve(f.client, kubetest.Options{})
+	kubetest.Serve(f.Client, kubetest.Options{})
 	f.c.state.setForce("va1", "3")
 	f.csi.publishErr = status.Error(codes.Unavailable, "restarting")
-	if err := f.c.syncVA(f.ctx, "va1"); status.Code(err) != codes.Unavailable {
+	if err := f.c.syncVA(f.Ctx, "va1"); status.Code(err) != codes.Unavailable {
 		t.Fatalf("first forced sync = %v, want Unavailable", err)
 	}
 	f.csi.publishErr = nil
-	if err := f.c.syncVA(f.ctx, "va1"); err != nil {
+	if err := f.c.syncVA(f.Ctx, "va1"); err != nil {
 		t.Fatalf("retry: %v", err)
 	}
 	kubetest.Diff(t, "CSI calls", map[string]int{"ControllerPublishVolume": 2}, countCalls(f.csi.takeCalls()))

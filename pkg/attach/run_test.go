@@ -153,15 +153,7 @@ func TestDriverBackRetriesAtOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	publishes := func() int {
-		drv.mu.Lock()
-		defer drv.mu.Unlock()
-		n := 0
-		for _, c := range drv.calls {
-			if c.Method == "ControllerPublishVolume" {
-				n++
-			}
-		}
-		return n
+		return drv.calls.Count(func(c csiCall) bool { return c.Method == "ControllerPublishVolume" })
 	}
 	wait := func(what string, cond func() bool) {
 		t.Helper()

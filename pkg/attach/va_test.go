@@ -336,13 +336,13 @@ func TestSyncVAAttach(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFixture(t, tc.caps, tc.objs...)
 			for _, o := range tc.uncached {
-				if err := f.client.Tracker().Add(o); err != nil {
+				if err := f.Client.Tracker().Add(o); err != nil {
 					t.Fatal(err)
 				}
 			}
 			f.csi.publishCtx = tc.publishCtx
 			f.csi.publishErr = tc.publishErr
-			err := f.c.syncVA(f.ctx, "va1")
+			err := f.c.syncVA(f.Ctx, "va1")
 			if (err != nil) != tc.wantErr {
 				t.Fatalf("syncVA error = %v, want error %v", err, tc.wantErr)
 			}

@@ -97,23 +97,16 @@ type Config struct {
 
 // Validate reports the first field of c that cannot work.
 func (c Config) Validate() error {
+	if err := kube.ValidateController(c.DriverName, c.Client, c.Informers, c.Workers, c.RetryIntervalStart, c.RetryIntervalMax); err != nil {
+		return err
+	}
 	switch {
-	case c.DriverName == "":
-		return errors.New("the driver name is empty")
-	case c.Client == nil:
-		return errors.New("no Kubernetes client")
-	case c.Informers == nil:
-		return errors.New("no shared informers")
 	case c.CSI == nil:
 		return errors.New("no CSI driver connection")
 	case c.Namespace == "":
 		return errors.New("no namespace for the CSIStorageCapacity objects")
-	case c.Workers < 1:
-		return fmt.Errorf("workers must be at least 1, not %d", c.Workers)
 	case c.PollInterval <= 0:
 		return fmt.Errorf("the poll interval must be positive, not %s", c.PollInterval)
-	case kube.ValidateBackoff(c.RetryIntervalStart, c.RetryIntervalMax) != nil:
-		return kube.ValidateBackoff(c.RetryIntervalStart, c.RetryIntervalMax)
 	case c.RefreshDelay < 0:
 		return fmt.Errorf("the refresh delay must not be negative, not %s", c.RefreshDelay)
 	}
@@ -257,17 +250,10 @@ func (c *Controller) Run(ctx context.Context) error {
 		wg.Go(func() { wait.UntilWithContext(ctx, c.worker, time.Second) })
 	}
 	wg.Go(func() {
-		t := c.clock.NewTicker(c.cfg.PollInterval)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C():
-				logger.V(4).Info("Polling every CSIStorageCapacity")
-				c.enqueueAll()
-			}
-		}
+		kube.Every(ctx, c.clock, c.cfg.PollInterval, func() {
+			logger.V(4).Info("Polling every CSIStorageCapacity")
+			c.enqueueAll()
+		})
 	})
 	logger.Info("Capacity controller started")
 	<-ctx.Done()

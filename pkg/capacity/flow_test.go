@@ -29,19 +29,19 @@ func published(t *testing.T, objs []runtime.Object, opts ...option) *fixture {
 	f.drain()
 	f.csi.takeCalls()
 	f.writes()
-	f.clock.Step(time.Hour) // PV events refresh at once, not after a refresh delay
+	f.Clock.Step(time.Hour) // PV events refresh at once, not after a refresh delay
 	return f
 }
 
 // objectOf returns the name of the API server's object of class in zone.
 func (f *fixture) objectOf(class, zone string) *storagev1.CSIStorageCapacity {
-	f.t.Helper()
+	f.T.Helper()
 	for _, o := range f.apiObjects() {
 		if o.StorageClassName == class && o.NodeTopology != nil && o.NodeTopology.MatchLabels[zoneKey] == zone {
 			return o
 		}
 	}
-	f.t.Fatalf("no object of class %s in zone %s: %v", class, zone, f.state())
+	f.T.Fatalf("no object of class %s in zone %s: %v", class, zone, f.state())
 	return nil
 }
 
@@ -75,7 +75,7 @@ func TestCacheLagNeverWritesTwice(t *testing.T) {
 	it := workItem{class: "fast", segment: zoneKey + "=z1"}
 	// Sync the z1 item twice before the cache sees the create: one create.
 	for range 2 {
-		if err := f.c.sync(f.ctx, it); err != nil {
+		if err := f.c.sync(f.Ctx, it); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -86,7 +86,7 @@ func TestCacheLagNeverWritesTwice(t *testing.T) {
 	f.observe()
 	f.csi.setFree("z1", 8*gi)
 	for range 2 {
-		if err := f.c.sync(f.ctx, it); err != nil {
+		if err := f.c.sync(f.Ctx, it); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -95,12 +95,12 @@ func TestCacheLagNeverWritesTwice(t *testing.T) {
 	// Another change while the cache is still behind: patched once more,
 	// from the controller's own last write.
 	f.csi.setFree("z1", 7*gi)
-	if err := f.c.sync(f.ctx, it); err != nil {
+	if err := f.c.sync(f.Ctx, it); err != nil {
 		t.Fatal(err)
 	}
 	kubetest.Diff(t, "writes of a sync over its own unseen patch", []apiAction{patch(name, `{"capacity":"7Gi","maximumVolumeSize":"3584Mi"}`)}, f.writes())
 	f.observe()
-	if err := f.c.sync(f.ctx, it); err != nil {
+	if err := f.c.sync(f.Ctx, it); err != nil {
 		t.Fatal(err)
 	}
 	kubetest.Diff(t, "writes once the cache caught up", []apiAction(nil), f.writes())
@@ -114,7 +114,7 @@ func TestHandEditsRepaired(t *testing.T) {
 	edited := z1.DeepCopy()
 	edited.Capacity = resource.NewQuantity(1, resource.BinarySI)
 	edited.ResourceVersion = "900"
-	if err := f.client.Tracker().Update(cscResource, edited, ns); err != nil {
+	if err := f.Client.Tracker().Update(cscResource, edited, ns); err != nil {
 		t.Fatal(err)
 	}
 	f.observe()
@@ -122,10 +122,10 @@ func TestHandEditsRepaired(t *testing.T) {
 	kubetest.Diff(t, "writes after a hand edit", []apiAction{patch(z1.Name, `{"capacity":"10Gi"}`)}, f.writes())
 
 	// Someone deletes it: made again.
-	if err := f.client.Tracker().Delete(cscResource, ns, z1.Name); err != nil {
+	if err := f.Client.Tracker().Delete(cscResource, ns, z1.Name); err != nil {
 		t.Fatal(err)
 	}
-	f.client.ClearActions()
+	f.Client.ClearActions()
 	f.observe()
 	f.drain()
 	kubetest.Diff(t, "writes after a hand delete", []apiAction{create(desc("fast", "z1", "10Gi", "5Gi", "external-provisioner", ""))}, f.writes())
@@ -217,7 +217,7 @@ func TestPersistentVolumesRefreshTheirSegments(t *testing.T) {
 	}, f.writes())
 
 	// The refresh delay counts from the last sync.
-	f.clock.Step(time.Second)
+	f.Clock.Step(time.Second)
 
 	// A resize: refreshed.
 	resized := v.DeepCopy()
@@ -238,7 +238,7 @@ func TestPersistentVolumesRefreshTheirSegments(t *testing.T) {
 	}
 
 	// Deleted: refreshed, back to the old figure.
-	f.clock.Step(time.Second)
+	f.Clock.Step(time.Second)
 	f.csi.setFree("z1", 10*gi)
 	f.remove(relabelled)
 	f.drain()
@@ -248,7 +248,7 @@ func TestPersistentVolumesRefreshTheirSegments(t *testing.T) {
 	}, f.writes())
 
 	// A volume without node affinity may be anywhere: every segment.
-	f.clock.Step(time.Second)
+	f.Clock.Step(time.Second)
 	f.csi.takeCalls()
 	f.update(pv("pv2", "fast", "", gi))
 	f.drain()
@@ -288,7 +288,7 @@ func TestPersistentVolumeBurstCoalesced(t *testing.T) {
 	kubetest.Diff(t, "calls during the burst", []getCapacityCall{{Pool: "fast-pool", Zone: "z1"}}, f.csi.takeCalls())
 	// The rest come as one delayed refresh. Get blocks until the delaying
 	// queue hands it over (real time: the queue's clock is not the fake).
-	f.c.processNextItem(f.ctx)
+	f.c.processNextItem(f.Ctx)
 	f.observe()
 	kubetest.Diff(t, "calls after the delay", []getCapacityCall{{Pool: "fast-pool", Zone: "z1"}}, f.csi.takeCalls())
 	want := resource.NewQuantity(10*gi-200*(16<<20), resource.BinarySI)
@@ -315,7 +315,7 @@ func TestGetCapacityErrors(t *testing.T) {
 	if n := f.c.q.Failures(it); n != 1 {
 		t.Errorf("failures of %v: %d, want 1", it, n)
 	}
-	if !csiclient.IsFinal(f.c.sync(f.ctx, it)) {
+	if !csiclient.IsFinal(f.c.sync(f.Ctx, it)) {
 		t.Error("an InvalidArgument from GetCapacity is not treated as final")
 	}
 }
@@ -324,13 +324,13 @@ func TestRunRefusesDriverWithoutGetCapacity(t *testing.T) {
 	f := newFixture(t, topoCaps, twoZones())
 	f.csi.caps = csiclient.Capabilities{ControllerService: true, Topology: true}
 	c, err := New(Config{
-		DriverName: driver, Client: f.client, Informers: kube.NewInformers(f.client, 0), CSI: f.csi, Namespace: ns,
+		DriverName: driver, Client: f.Client, Informers: kube.NewInformers(f.Client, 0), CSI: f.csi, Namespace: ns,
 		PollInterval: time.Minute, Workers: 1, RetryIntervalStart: time.Second, RetryIntervalMax: time.Minute,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(f.ctx, time.Minute)
+	ctx, cancel := context.WithTimeout(f.Ctx, time.Minute)
 	defer cancel()
 	if err := c.Run(ctx); err == nil || !strings.Contains(err.Error(), "GET_CAPACITY") {
 		t.Errorf("Run with a driver without GET_CAPACITY: %v", err)
@@ -357,11 +357,11 @@ func TestMetrics(t *testing.T) {
 	names := []string{"csistoragecapacities_desired_goal", "csistoragecapacities_desired_current", "csistoragecapacities_obsolete"}
 	// 2 classes × 2 zones; fast/z1 exists (twice: counted once); two
 	// objects are obsolete.
-	if err := testutil.GatherAndCompare(f.registry, strings.NewReader(want(4, 1, 2)), names...); err != nil {
+	if err := testutil.GatherAndCompare(f.Registry, strings.NewReader(want(4, 1, 2)), names...); err != nil {
 		t.Errorf("before the sync: %v", err)
 	}
 	f.drain()
-	if err := testutil.GatherAndCompare(f.registry, strings.NewReader(want(4, 4, 0)), names...); err != nil {
+	if err := testutil.GatherAndCompare(f.Registry, strings.NewReader(want(4, 4, 0)), names...); err != nil {
 		t.Errorf("after the sync: %v", err)
 	}
 }
@@ -373,8 +373,8 @@ func TestWatchBeforeAnswer(t *testing.T) {
 	f := newFixture(t, topoCaps, with(twoZones(), class("fast")))
 	// A reactor in front of the others: it lets them store the write, then
 	// delivers the watch event, then answers.
-	chain := slices.Clone(f.client.ReactionChain)
-	f.client.PrependReactor("*", "csistoragecapacities", func(a k8stesting.Action) (bool, runtime.Object, error) {
+	chain := slices.Clone(f.Client.ReactionChain)
+	f.Client.PrependReactor("*", "csistoragecapacities", func(a k8stesting.Action) (bool, runtime.Object, error) {
 		if a.GetVerb() != "create" && a.GetVerb() != "patch" {
 			return false, nil, nil
 		}
@@ -393,12 +393,12 @@ func TestWatchBeforeAnswer(t *testing.T) {
 	})
 	it := workItem{class: "fast", segment: zoneKey + "=z1"}
 	f.drainQueued(t, "nothing") // what the start queued
-	if err := f.c.sync(f.ctx, it); err != nil {
+	if err := f.c.sync(f.Ctx, it); err != nil {
 		t.Fatal(err)
 	}
 	f.drainQueued(t, "the watch event of the controller's own create, seen before its answer")
 	f.csi.setFree("z1", 9*gi)
-	if err := f.c.sync(f.ctx, it); err != nil {
+	if err := f.c.sync(f.Ctx, it); err != nil {
 		t.Fatal(err)
 	}
 	f.drainQueued(t, "the watch event of the controller's own patch, seen before its answer")
@@ -425,7 +425,7 @@ func (f *fixture) drainQueued(t *testing.T, what string) {
 func TestNoWritesWithoutTheLease(t *testing.T) {
 	f := newFixture(t, topoCaps, with(twoZones(), class("fast")))
 	leading := false
-	f.ctx = kube.WithLeaderCheck(f.ctx, func() error {
+	f.Ctx = kube.WithLeaderCheck(f.Ctx, func() error {
 		if !leading {
 			return kube.ErrNotLeading
 		}

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
-	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
@@ -22,10 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/klog/v2"
-	"k8s.io/klog/v2/ktesting"
-	testingclock "k8s.io/utils/clock/testing"
 	"k8s.io/utils/ptr"
 
 	"github.com/loopvol/loopvol/internal/kube"
@@ -164,7 +160,7 @@ type fakeCSI struct {
 	noMax bool
 	err   error
 	info  *csi.NodeGetInfoResponse
-	calls []getCapacityCall
+	calls kubetest.Calls[getCapacityCall]
 }
 
 var _ CSI = &fakeCSI{}
@@ -184,7 +180,7 @@ func (f *fakeCSI) GetCapacity(_ context.Context, req *csi.GetCapacityRequest) (*
 	if t := req.GetAccessibleTopology(); t != nil {
 		zone = t.GetSegments()[zoneKey]
 	}
-	f.calls = append(f.calls, getCapacityCall{Pool: req.GetParameters()["pool"], Zone: zone})
+	f.calls.Add(getCapacityCall{Pool: req.GetParameters()["pool"], Zone: zone})
 	if f.err != nil {
 		return nil, f.err
 	}
@@ -210,13 +206,7 @@ func (f *fakeCSI) setFree(zone string, n int64) {
 	f.free[zone] = n
 }
 
-func (f *fakeCSI) takeCalls() []getCapacityCall {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	out := f.calls
-	f.calls = nil
-	return out
-}
+func (f *fakeCSI) takeCalls() []getCapacityCall { return f.calls.Take() }
 
 // --- fixture ---
 
@@ -224,14 +214,10 @@ func (f *fakeCSI) takeCalls() []getCapacityCall {
 // caches are filled by hand, so that each test runs the handlers and sync
 // functions directly and deterministically.
 type fixture struct {
-	t        *testing.T
-	ctx      context.Context
-	logger   klog.Logger
-	client   *fake.Clientset
-	csi      *fakeCSI
-	registry *prometheus.Registry
-	clock    *testingclock.FakeClock
-	c        *Controller
+	*kubetest.Env
+	logger klog.Logger
+	csi    *fakeCSI
+	c      *Controller
 }
 
 type option func(*Config)
@@ -250,29 +236,26 @@ func withOwner(ref metav1.OwnerReference) option {
 // workers: tests call the handlers and drain the queue themselves.
 func newFixture(t *testing.T, caps csiclient.Capabilities, objs []runtime.Object, opts ...option) *fixture {
 	t.Helper()
-	logger, ctx := ktesting.NewTestContext(t)
+	env := kubetest.NewEnv(t, testNow, objs...)
+	ctx := env.Ctx
 	f := &fixture{
-		t:      t,
-		ctx:    ctx,
-		logger: logger,
-		client: fake.NewClientset(objs...),
+		Env:    env,
+		logger: klog.FromContext(ctx),
 		csi: &fakeCSI{caps: caps, free: map[string]int64{"z1": 10 * gi, "z2": 20 * gi, "-": 30 * gi},
 			info: &csi.NodeGetInfoResponse{NodeId: "n1", AccessibleTopology: &csi.Topology{Segments: map[string]string{zoneKey: "z1"}}}},
-		registry: prometheus.NewRegistry(),
-		clock:    testingclock.NewFakeClock(testNow),
 	}
-	kubetest.Serve(f.client, kubetest.Options{Now: testNow})
+	kubetest.Serve(f.Client, kubetest.Options{Now: testNow})
 	cfg := Config{
 		DriverName:         driver,
-		Client:             f.client,
-		Informers:          kube.NewInformers(f.client, 0),
+		Client:             f.Client,
+		Informers:          kube.NewInformers(f.Client, 0),
 		CSI:                f.csi,
 		Namespace:          ns,
 		PollInterval:       time.Minute,
 		Workers:            1,
 		RetryIntervalStart: time.Second,
 		RetryIntervalMax:   time.Minute,
-		Registerer:         f.registry,
+		Registerer:         f.Registry,
 	}
 	for _, o := range opts {
 		o(&cfg)
@@ -281,7 +264,7 @@ func newFixture(t *testing.T, caps csiclient.Capabilities, objs []runtime.Object
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
-	c.clock = f.clock
+	c.clock = f.Clock
 	t.Cleanup(c.q.ShutDown)
 	f.c = c
 	if err := c.prepare(ctx); err != nil {
@@ -294,14 +277,14 @@ func newFixture(t *testing.T, caps csiclient.Capabilities, objs []runtime.Object
 		c.resyncTopology(ctx)
 	}
 	c.enqueueAll()
-	f.client.ClearActions()
+	f.Client.ClearActions()
 	return f
 }
 
 // cache puts obj into its informer cache, as the initial list would (no
 // handler runs).
 func (f *fixture) cache(obj runtime.Object) {
-	f.t.Helper()
+	f.T.Helper()
 	var err error
 	switch o := obj.(type) {
 	case *storagev1.StorageClass:
@@ -323,7 +306,7 @@ func (f *fixture) cache(obj runtime.Object) {
 		}
 	}
 	if err != nil {
-		f.t.Fatalf("cache %T: %v", obj, err)
+		f.T.Fatalf("cache %T: %v", obj, err)
 	}
 }
 
@@ -331,7 +314,7 @@ func (f *fixture) cache(obj runtime.Object) {
 // would. The API server's copy is not touched (the controller only reads
 // these kinds).
 func (f *fixture) update(obj runtime.Object) {
-	f.t.Helper()
+	f.T.Helper()
 	switch o := obj.(type) {
 	case *storagev1.StorageClass:
 		old, exists, _ := f.c.scInformer.GetIndexer().Get(o)
@@ -364,13 +347,13 @@ func (f *fixture) update(obj runtime.Object) {
 		}
 		f.c.nodeChanged(f.logger, old, o)
 	default:
-		f.t.Fatalf("update %T", obj)
+		f.T.Fatalf("update %T", obj)
 	}
 }
 
 // remove deletes obj from its cache and calls the handler.
 func (f *fixture) remove(obj runtime.Object) {
-	f.t.Helper()
+	f.T.Helper()
 	switch o := obj.(type) {
 	case *storagev1.StorageClass:
 		_ = f.c.scInformer.GetIndexer().Delete(o)
@@ -385,7 +368,7 @@ func (f *fixture) remove(obj runtime.Object) {
 		_ = f.c.csiNodeInformer.GetIndexer().Delete(o)
 		f.c.csiNodeChanged(f.logger, nil, o)
 	default:
-		f.t.Fatalf("remove %T", obj)
+		f.T.Fatalf("remove %T", obj)
 	}
 }
 
@@ -394,10 +377,10 @@ var cscResource = storagev1.SchemeGroupVersion.WithResource("csistoragecapacitie
 // apiObjects returns the CSIStorageCapacity objects of the fake API
 // server, by name.
 func (f *fixture) apiObjects() map[string]*storagev1.CSIStorageCapacity {
-	f.t.Helper()
-	list, err := f.client.Tracker().List(cscResource, storagev1.SchemeGroupVersion.WithKind("CSIStorageCapacity"), ns)
+	f.T.Helper()
+	list, err := f.Client.Tracker().List(cscResource, storagev1.SchemeGroupVersion.WithKind("CSIStorageCapacity"), ns)
 	if err != nil {
-		f.t.Fatal(err)
+		f.T.Fatal(err)
 	}
 	out := map[string]*storagev1.CSIStorageCapacity{}
 	for _, o := range list.(*storagev1.CSIStorageCapacityList).Items {
@@ -422,7 +405,7 @@ func (f *fixture) watched() map[string]*storagev1.CSIStorageCapacity {
 // differs between the fake API server and the cache is copied into the
 // cache and its handler called, the way the informer delivers it.
 func (f *fixture) observe() {
-	f.t.Helper()
+	f.T.Helper()
 	live := f.watched()
 	for _, name := range slices.Sorted(maps.Keys(live)) {
 		o := live[name]
@@ -448,15 +431,15 @@ func (f *fixture) observe() {
 // drain runs the worker until the queue is empty (items waiting out a
 // delay are not run), observing the API server after each item.
 func (f *fixture) drain() {
-	f.t.Helper()
+	f.T.Helper()
 	for range 1000 {
 		if f.c.q.Q.Len() == 0 {
 			return
 		}
-		f.c.processNextItem(f.ctx)
+		f.c.processNextItem(f.Ctx)
 		f.observe()
 	}
-	f.t.Fatal("the queue never drained")
+	f.T.Fatal("the queue never drained")
 }
 
 // apiAction is one write to the API server; a created object is in
@@ -469,7 +452,7 @@ var recorder = kubetest.Recorder{Skip: []string{"get", "list"}, Describe: func(o
 }}
 
 // writes returns the writes since the last call.
-func (f *fixture) writes() []apiAction { return recorder.Take(f.client) }
+func (f *fixture) writes() []apiAction { return recorder.Take(f.Client) }
 
 // describe is an object in short form: its class, segment, figures, labels
 // and owners.
