@@ -193,8 +193,8 @@ type csiCall struct {
 }
 
 type fakeCSI struct {
+	*kubetest.Driver
 	mu           sync.Mutex
-	caps         csiclient.Capabilities
 	calls        kubetest.Calls[csiCall]
 	publishCtx   map[string]string
 	publishErr   error
@@ -205,14 +205,6 @@ type fakeCSI struct {
 }
 
 var _ CSI = &fakeCSI{}
-
-func (f *fakeCSI) WaitReady(ctx context.Context) error { return ctx.Err() }
-
-func (f *fakeCSI) Capabilities() csiclient.Capabilities {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.caps
-}
 
 func capString(c *csi.VolumeCapability) string {
 	if c == nil {
@@ -296,7 +288,7 @@ type fixture struct {
 
 func newFixture(t *testing.T, caps csiclient.Capabilities, objs ...runtime.Object) *fixture {
 	t.Helper()
-	f := &fixture{Env: kubetest.NewEnv(t, testNow, objs...), csi: &fakeCSI{caps: caps}}
+	f := &fixture{Env: kubetest.NewEnv(t, testNow, objs...), csi: &fakeCSI{Driver: kubetest.NewDriver(caps)}}
 	c, err := New(Config{
 		DriverName:         driver,
 		Client:             f.Client,

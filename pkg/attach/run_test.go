@@ -25,7 +25,7 @@ func TestRun(t *testing.T) {
 	_, ctx := ktesting.NewTestContext(t)
 	client := fake.NewClientset(pvObj("pv1", "pool.vol1"), csiNodeObj(testNode, testNodeID))
 	kubetest.Serve(client, kubetest.Options{})
-	drv := &fakeCSI{caps: allCaps}
+	drv := &fakeCSI{Driver: kubetest.NewDriver(allCaps)}
 	informers := kube.NewInformers(client, 0)
 	c, err := New(Config{
 		DriverName: driver, Client: client, Informers: informers, CSI: drv, Workers: 4,
@@ -133,7 +133,7 @@ func TestDriverBackRetriesAtOnce(t *testing.T) {
 	_, ctx := ktesting.NewTestContext(t)
 	client := fake.NewClientset(pvObj("pv1", "pool.vol1"), csiNodeObj(testNode, testNodeID))
 	kubetest.Serve(client, kubetest.Options{})
-	drv := &fakeCSI{caps: allCaps, publishErr: status.Error(codes.Unavailable, "driver restarting")}
+	drv := &fakeCSI{Driver: kubetest.NewDriver(allCaps), publishErr: status.Error(codes.Unavailable, "driver restarting")}
 	informers := kube.NewInformers(client, 0)
 	c, err := New(Config{
 		DriverName: driver, Client: client, Informers: informers, CSI: drv, Workers: 1,

@@ -322,7 +322,7 @@ func TestGetCapacityErrors(t *testing.T) {
 
 func TestRunRefusesDriverWithoutGetCapacity(t *testing.T) {
 	f := newFixture(t, topoCaps, twoZones())
-	f.csi.caps = csiclient.Capabilities{ControllerService: true, Topology: true}
+	f.csi.SetCapabilities(csiclient.Capabilities{ControllerService: true, Topology: true})
 	c, err := New(Config{
 		DriverName: driver, Client: f.Client, Informers: kube.NewInformers(f.Client, 0), CSI: f.csi, Namespace: ns,
 		PollInterval: time.Minute, Workers: 1, RetryIntervalStart: time.Second, RetryIntervalMax: time.Minute,

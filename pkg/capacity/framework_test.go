@@ -154,8 +154,8 @@ type getCapacityCall struct {
 }
 
 type fakeCSI struct {
+	*kubetest.Driver
 	mu    sync.Mutex
-	caps  csiclient.Capabilities
 	free  map[string]int64 // zone ("-": no topology) → available bytes; maximum_volume_size is half
 	noMax bool
 	err   error
@@ -164,14 +164,6 @@ type fakeCSI struct {
 }
 
 var _ CSI = &fakeCSI{}
-
-func (f *fakeCSI) WaitReady(ctx context.Context) error { return ctx.Err() }
-
-func (f *fakeCSI) Capabilities() csiclient.Capabilities {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.caps
-}
 
 func (f *fakeCSI) GetCapacity(_ context.Context, req *csi.GetCapacityRequest) (*csi.GetCapacityResponse, error) {
 	f.mu.Lock()
@@ -241,7 +233,7 @@ func newFixture(t *testing.T, caps csiclient.Capabilities, objs []runtime.Object
 	f := &fixture{
 		Env:    env,
 		logger: klog.FromContext(ctx),
-		csi: &fakeCSI{caps: caps, free: map[string]int64{"z1": 10 * gi, "z2": 20 * gi, "-": 30 * gi},
+		csi: &fakeCSI{Driver: kubetest.NewDriver(caps), free: map[string]int64{"z1": 10 * gi, "z2": 20 * gi, "-": 30 * gi},
 			info: &csi.NodeGetInfoResponse{NodeId: "n1", AccessibleTopology: &csi.Topology{Segments: map[string]string{zoneKey: "z1"}}}},
 	}
 	kubetest.Serve(f.Client, kubetest.Options{Now: testNow})

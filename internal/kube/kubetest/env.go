@@ -12,6 +12,8 @@ import (
 	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2/ktesting"
 	testingclock "k8s.io/utils/clock/testing"
+
+	"github.com/loopvol/loopvol/pkg/csiclient"
 )
 
 // Env is what every controller fixture starts from; a fixture embeds it
@@ -80,4 +82,33 @@ func (c *Calls[T]) Count(match func(T) bool) int {
 		}
 	}
 	return n
+}
+
+// Driver is what every CSI driver fake of the controller tests shares: it
+// is always ready (WaitReady returns at once unless ctx ended) and offers
+// the capabilities it was made with. A fake embeds it and adds the calls
+// its controller makes.
+type Driver struct {
+	mu   sync.Mutex
+	caps csiclient.Capabilities
+}
+
+// NewDriver returns a Driver offering caps.
+func NewDriver(caps csiclient.Capabilities) *Driver { return &Driver{caps: caps} }
+
+// WaitReady returns ctx's error: the fake driver is always there.
+func (d *Driver) WaitReady(ctx context.Context) error { return ctx.Err() }
+
+// Capabilities returns the capabilities the driver offers.
+func (d *Driver) Capabilities() csiclient.Capabilities {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.caps
+}
+
+// SetCapabilities changes what the driver offers from now on.
+func (d *Driver) SetCapabilities(caps csiclient.Capabilities) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.caps = caps
 }
