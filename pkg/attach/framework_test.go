@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/cache"
 
 	"github.com/loopvol/loopvol/internal/kube"
 	"github.com/loopvol/loopvol/internal/kube/kubetest"
@@ -319,18 +320,16 @@ func newFixture(t *testing.T, caps csiclient.Capabilities, objs ...runtime.Objec
 // cache puts obj into the informer cache, as a watch event would.
 func (f *fixture) cache(obj runtime.Object) {
 	f.T.Helper()
-	var err error
-	switch o := obj.(type) {
+	var idx cache.Indexer
+	switch obj.(type) {
 	case *storagev1.VolumeAttachment:
-		err = f.c.vaIndexer.Add(o.DeepCopy())
+		idx = f.c.vaIndexer
 	case *corev1.PersistentVolume:
-		err = f.c.pvInformer.GetIndexer().Add(o.DeepCopy())
+		idx = f.c.pvInformer.GetIndexer()
 	case *storagev1.CSINode:
-		err = f.c.csiNodeInformer.GetIndexer().Add(o.DeepCopy())
+		idx = f.c.csiNodeInformer.GetIndexer()
 	}
-	if err != nil {
-		f.T.Fatalf("cache %T: %v", obj, err)
-	}
+	kubetest.Cache(f.T, idx, obj)
 }
 
 // observe plays the watch: every VolumeAttachment and PersistentVolume that

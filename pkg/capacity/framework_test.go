@@ -21,6 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 
@@ -277,29 +278,27 @@ func newFixture(t *testing.T, caps csiclient.Capabilities, objs []runtime.Object
 // handler runs).
 func (f *fixture) cache(obj runtime.Object) {
 	f.T.Helper()
-	var err error
+	var idx cache.Indexer
 	switch o := obj.(type) {
 	case *storagev1.StorageClass:
-		err = f.c.scInformer.GetIndexer().Add(o.DeepCopy())
+		idx = f.c.scInformer.GetIndexer()
 	case *corev1.PersistentVolume:
-		err = f.c.pvInformer.GetIndexer().Add(o.DeepCopy())
+		idx = f.c.pvInformer.GetIndexer()
 	case *storagev1.CSINode:
 		if f.c.csiNodeInformer != nil { // a node's controller watches none
-			err = f.c.csiNodeInformer.GetIndexer().Add(o.DeepCopy())
+			idx = f.c.csiNodeInformer.GetIndexer()
 		}
 	case *corev1.Node:
 		if f.c.nodeInformer != nil {
-			err = f.c.nodeInformer.GetIndexer().Add(o.DeepCopy())
+			idx = f.c.nodeInformer.GetIndexer()
 		}
 	case *storagev1.CSIStorageCapacity:
 		// The informer watches only the controller's own labels.
 		if f.c.Selector().Matches(labelsSet(o.Labels)) {
-			err = f.c.objects.Add(o.DeepCopy())
+			idx = f.c.objects
 		}
 	}
-	if err != nil {
-		f.T.Fatalf("cache %T: %v", obj, err)
-	}
+	kubetest.Cache(f.T, idx, obj)
 }
 
 // update changes obj in its cache and calls the handler, as a watch event

@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2/ktesting"
 	testingclock "k8s.io/utils/clock/testing"
@@ -111,4 +112,17 @@ func (d *Driver) SetCapabilities(caps csiclient.Capabilities) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.caps = caps
+}
+
+// Cache puts a copy of obj into idx, as an informer's initial list would,
+// without calling a handler. A nil idx (the fixture caches no such
+// object) leaves obj out.
+func Cache(t testing.TB, idx cache.Indexer, obj runtime.Object) {
+	t.Helper()
+	if idx == nil {
+		return
+	}
+	if err := idx.Add(obj.DeepCopyObject()); err != nil {
+		t.Fatalf("cache %T: %v", obj, err)
+	}
 }
