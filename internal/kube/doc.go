@@ -5,6 +5,16 @@
 // one error-handling path, the upstream name sanitizer and JSON patches with
 // test operations.
 //
+// It is also the controllers' toolkit, so that each thing they all do is
+// written once: RetryStale is the one "patch, read again, retry once" loop;
+// Writes is the one record of a controller's own writes (a stale cache, the
+// echo of its own write, an event held during a sync); ReadSecret is the one
+// read of a CSI call's Secret and VolumeCapability the one derivation of a
+// PersistentVolume's CSI capability; ValidateController, Every and
+// Queue.ProcessNext are the settings check, the periodic pass and the worker
+// step every controller uses. Package kubetest, next to it, is the fake API
+// server and fixture parts their tests share.
+//
 // The sidecar runs several controllers in one process (attach, capacity,
 // resizer, registrar). Each still owns its queues, workers and metrics; what
 // it must not own is a second watch of the same resource: two
