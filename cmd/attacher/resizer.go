@@ -11,6 +11,7 @@ import (
 	"k8s.io/component-base/featuregate"
 	"k8s.io/klog/v2"
 
+	"github.com/loopvol/loopvol/internal/kube"
 	"github.com/loopvol/loopvol/pkg/modify"
 	"github.com/loopvol/loopvol/pkg/resize"
 )
@@ -74,19 +75,23 @@ func buildResizer(d *deps) (*runner, error) {
 		// knows no others.
 		node = d.cfg.nodeName
 	}
+	// Both controllers get the same flags, as external-resizer's.
+	claims := kube.ClaimConfig{
+		DriverName:         d.driver,
+		Client:             d.client,
+		Informers:          d.informers,
+		Workers:            workers,
+		Resync:             resync,
+		RetryIntervalStart: d.cfg.retryIntervalStart,
+		RetryIntervalMax:   d.cfg.retryIntervalMax,
+		Registerer:         d.registry,
+		NodeName:           node,
+	}
 	c, err := resize.New(resize.Config{
-		DriverName:                d.driver,
-		Client:                    d.client,
+		ClaimConfig:               claims,
 		CSI:                       d.csi,
-		Informers:                 d.informers,
-		Workers:                   workers,
-		Resync:                    resync,
-		RetryIntervalStart:        d.cfg.retryIntervalStart,
-		RetryIntervalMax:          d.cfg.retryIntervalMax,
 		HandleVolumeInUseError:    rc.handleVolumeInUseError,
 		AnnotatePreResizeCapacity: d.cfg.compat.featureGates.fg.Enabled("AnnotateFsResize"),
-		Registerer:                d.registry,
-		NodeName:                  node,
 	})
 	if err != nil {
 		return nil, err
@@ -113,18 +118,10 @@ func buildResizer(d *deps) (*runner, error) {
 		explicit = g.ExplicitlySet(volumeAttributesClassGate)
 	}
 	mc, err := modify.New(modify.Config{
-		DriverName:          d.driver,
-		Client:              d.client,
+		ClaimConfig:         claims,
 		CSI:                 d.csi,
-		Informers:           d.informers,
-		Workers:             workers,
-		Resync:              resync,
-		RetryIntervalStart:  d.cfg.retryIntervalStart,
-		RetryIntervalMax:    d.cfg.retryIntervalMax,
 		ExtraModifyMetadata: rc.extraModifyMetadata,
 		ProbeAPI:            !explicit,
-		Registerer:          d.registry,
-		NodeName:            node,
 	})
 	if err != nil {
 		return nil, err

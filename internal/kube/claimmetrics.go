@@ -23,12 +23,25 @@ type ClaimMetrics struct {
 	Errors *prometheus.CounterVec
 }
 
-// NewClaimMetrics builds the counters named by done and errors (whose
-// label is grpc_status_code) and registers them on reg, when not nil.
-func NewClaimMetrics(reg prometheus.Registerer, done, errors prometheus.CounterOpts) (*ClaimMetrics, error) {
+// ClaimMetricNames name a claim controller's own metrics.
+type ClaimMetricNames struct {
+	// Done and DoneHelp name and describe the counter of finished
+	// operations.
+	Done, DoneHelp string
+	// Errors names the counter of failed attempts by grpc_status_code;
+	// Attempts begins its help ("Failed expansion attempts").
+	Errors, Attempts string
+}
+
+// NewClaimMetrics builds the counters names names and registers them on
+// reg, when not nil.
+func NewClaimMetrics(reg prometheus.Registerer, names ClaimMetricNames) (*ClaimMetrics, error) {
 	m := &ClaimMetrics{
-		Done:   prometheus.NewCounter(done),
-		Errors: prometheus.NewCounterVec(errors, []string{"grpc_status_code"}),
+		Done: prometheus.NewCounter(prometheus.CounterOpts{Name: names.Done, Help: names.DoneHelp}),
+		Errors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: names.Errors,
+			Help: names.Attempts + " by gRPC code (" + NoCode + ": failed before the driver answered, e.g. a missing Secret).",
+		}, []string{"grpc_status_code"}),
 	}
 	if reg == nil {
 		return m, nil

@@ -17,31 +17,19 @@ import (
 	"k8s.io/utils/clock"
 )
 
-// ClaimQueueConfig is what NewClaimQueue needs: the parts of a claim
-// controller's Config that its work loop uses, and the controller's own
-// sync and update filter.
+// ClaimQueueConfig is what NewClaimQueue needs: the claim controller's
+// shared configuration, its names, and its own sync and update filter.
 type ClaimQueueConfig struct {
+	ClaimConfig
 	// Controller names the controller in logs and errors ("resize").
 	Controller string
 	// Name is the queue's name in the workqueue metrics.
 	Name string
-	// DriverName: a new PersistentVolume of this driver queues its claim.
-	DriverName string
-	// Client reads live objects and writes them.
-	Client Client
-	// Informers are the shared informers; the queue reads the
-	// PersistentVolumeClaim and the PersistentVolume (PVResize) ones.
-	Informers *Informers
-	// Recorder records Events. Optional: when nil, Run records through a
-	// broadcaster of its own to the Events API, as EventComponent.
-	Recorder       record.EventRecorder
+	// EventComponent is the source of the Events of the broadcaster Run
+	// starts when ClaimConfig.Recorder is nil.
 	EventComponent string
-	// Resync is the claim handler's own resync period (zero: the
-	// informer's).
-	Resync time.Duration
-	// RetryIntervalStart and RetryIntervalMax bound the per-claim
-	// exponential backoff (NewQueue).
-	RetryIntervalStart, RetryIntervalMax time.Duration
+	// Metrics name the controller's own metrics (ClaimQueue.Metrics).
+	Metrics ClaimMetricNames
 	// Ready waits for the driver before a claim is synced.
 	Ready func(context.Context) error
 	// Sync is the controller's sync of one claim key (namespace/name).
@@ -74,6 +62,8 @@ type ClaimQueue struct {
 	Writes *Writes[string]
 	// Recorder records the controller's Events on claims.
 	Recorder record.EventRecorder
+	// Metrics are the controller's own metrics.
+	Metrics *ClaimMetrics
 
 	PVCInformer cache.SharedIndexInformer
 	PVInformer  cache.SharedIndexInformer
@@ -90,14 +80,19 @@ type ClaimQueue struct {
 // watch delivers the first.
 const keptWrites = 4
 
-// NewClaimQueue builds the work loop over cfg.Informers. It adds no event
-// handlers: Run does, so that a replica waiting for its Lease keeps a warm
-// cache and an empty queue.
-func NewClaimQueue(cfg ClaimQueueConfig) *ClaimQueue {
+// NewClaimQueue builds the work loop over cfg.Informers and registers its
+// metrics on cfg.Registerer. It adds no event handlers: Run does, so that
+// a replica waiting for its Lease keeps a warm cache and an empty queue.
+func NewClaimQueue(cfg ClaimQueueConfig) (*ClaimQueue, error) {
+	m, err := NewClaimMetrics(cfg.Registerer, cfg.Metrics)
+	if err != nil {
+		return nil, fmt.Errorf("%s controller metrics: %w", cfg.Controller, err)
+	}
 	q := &ClaimQueue{
 		Queue:       NewQueue[string](cfg.Name, cfg.RetryIntervalStart, cfg.RetryIntervalMax),
 		Writes:      cfg.Writes,
 		Recorder:    cfg.Recorder,
+		Metrics:     m,
 		PVCInformer: cfg.Informers.PersistentVolumeClaims(),
 		PVInformer:  cfg.Informers.PersistentVolumes(PVResize),
 		cfg:         cfg,
@@ -109,7 +104,7 @@ func NewClaimQueue(cfg ClaimQueueConfig) *ClaimQueue {
 	}
 	q.PVCs = corelisters.NewPersistentVolumeClaimLister(q.PVCInformer.GetIndexer())
 	q.PVs = corelisters.NewPersistentVolumeLister(q.PVInformer.GetIndexer())
-	return q
+	return q, nil
 }
 
 // ClaimKey is the queue key of a claim, namespace/name.
@@ -122,10 +117,10 @@ func VolumeKey(name string) string { return "pv/" + name }
 // Run records Events (through its own broadcaster unless a Recorder was
 // given), adds the claim and volume handlers and those more adds (nil:
 // none), waits for their caches, calls started (nil: none) and runs
-// workers workers until ctx ends; then it shuts the queue down, waits for
+// ClaimConfig.Workers workers until ctx ends; then it shuts the queue down, waits for
 // the workers to finish their current claim and removes the handlers. It
 // returns nil when ctx ends, and an error only when it could not start.
-func (q *ClaimQueue) Run(ctx context.Context, workers int, more func(*Handlers) error, started func(klog.Logger)) error {
+func (q *ClaimQueue) Run(ctx context.Context, more func(*Handlers) error, started func(klog.Logger)) error {
 	logger := klog.FromContext(ctx)
 	defer q.Queue.ShutDown()
 	if q.Recorder == nil {
@@ -152,7 +147,7 @@ func (q *ClaimQueue) Run(ctx context.Context, workers int, more func(*Handlers) 
 		started(logger)
 	}
 	var wg sync.WaitGroup
-	for range workers {
+	for range q.cfg.Workers {
 		wg.Go(func() { wait.UntilWithContext(ctx, q.worker, time.Second) })
 	}
 	logger.Info("Controller started", "controller", q.cfg.Controller)

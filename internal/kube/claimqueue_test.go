@@ -27,11 +27,12 @@ func queueWithInformers(t *testing.T, objs []runtime.Object, wants bool, sync fu
 	f := claimtest.New(t, objs)
 	var forgotten []string
 	inf := kube.NewInformers(f.Client, 0)
-	q := kube.NewClaimQueue(kube.ClaimQueueConfig{
-		Controller: "test", Name: "test-pvc", DriverName: claimtest.Driver,
-		Client: f.Client, Informers: inf, Recorder: f.Recorder,
-		RetryIntervalStart: time.Second, RetryIntervalMax: time.Minute,
-		Ready: func(ctx context.Context) error { return ctx.Err() },
+	q, err := kube.NewClaimQueue(kube.ClaimQueueConfig{
+		ClaimConfig: kube.ClaimConfig{DriverName: claimtest.Driver, Client: f.Client, Informers: inf, Recorder: f.Recorder,
+			RetryIntervalStart: time.Second, RetryIntervalMax: time.Minute},
+		Controller: "test", Name: "test-pvc",
+		Metrics: kube.ClaimMetricNames{Done: "done_total", Errors: "errors_total"},
+		Ready:   func(ctx context.Context) error { return ctx.Err() },
 		Sync: func(ctx context.Context, key string) error {
 			if sync == nil {
 				return nil
@@ -41,6 +42,9 @@ func queueWithInformers(t *testing.T, objs []runtime.Object, wants bool, sync fu
 		Wants:  func(old, pvc *corev1.PersistentVolumeClaim) bool { return wants },
 		Forget: func(key string, _ *corev1.PersistentVolumeClaim) { forgotten = append(forgotten, key) },
 	})
+	if err != nil {
+		t.Fatal(err)
+	}
 	f.Use(q)
 	return f, q, &forgotten, inf
 }
@@ -128,7 +132,7 @@ func TestClaimQueueDeleteAndVolumes(t *testing.T) {
 	defer cancel()
 	synced, done := make(chan struct{}), make(chan error, 1)
 	go func() {
-		done <- q.Run(ctx, 0, func(*kube.Handlers) error { inf.Start(ctx); return nil }, func(klog.Logger) { close(synced) })
+		done <- q.Run(ctx, func(*kube.Handlers) error { inf.Start(ctx); return nil }, func(klog.Logger) { close(synced) })
 	}()
 	select {
 	case <-synced:

@@ -4,17 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
-	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	storagelisters "k8s.io/client-go/listers/storage/v1"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 
@@ -36,32 +33,14 @@ type CSI interface {
 
 // Config is what New needs.
 type Config struct {
-	// DriverName is the CSI driver's name: only claims bound to
-	// PersistentVolumes of this driver, and VolumeAttributesClasses whose
-	// driverName is this one, are acted on.
-	DriverName string
-	// Client talks to the Kubernetes API.
-	Client kube.Client
+	// ClaimConfig is what the resize controller is given too. Only claims
+	// bound to PersistentVolumes of DriverName, and VolumeAttributesClasses
+	// whose driverName is DriverName, are acted on. RetryIntervalMax is
+	// also how long an infeasible modification waits before the driver is
+	// asked again with the same class (upstream's slow set).
+	kube.ClaimConfig
 	// CSI is the driver connection.
 	CSI CSI
-	// Informers are the process's shared informers; the caller starts them.
-	// The controller reads PersistentVolumeClaims, PersistentVolumes and
-	// VolumeAttributesClasses.
-	Informers *kube.Informers
-	// Recorder records the Events on claims. Optional: when nil, the
-	// controller records through its own broadcaster while Run runs.
-	Recorder record.EventRecorder
-	// Workers is the number of claims modified at once.
-	Workers int
-	// Resync is how often every claim is looked at again; zero: only the
-	// informers' own resync.
-	Resync time.Duration
-	// RetryIntervalStart and RetryIntervalMax bound the per-claim
-	// exponential backoff. RetryIntervalMax is also how long an infeasible
-	// modification waits before the driver is asked again with the same
-	// class (upstream's slow set).
-	RetryIntervalStart time.Duration
-	RetryIntervalMax   time.Duration
 	// ExtraModifyMetadata adds the claim's name and namespace and the
 	// volume's name to the mutable parameters (--extra-modify-metadata).
 	ExtraModifyMetadata bool
@@ -70,30 +49,14 @@ type Config struct {
 	// not. Upstream does so when the VolumeAttributesClass feature gate is
 	// not set explicitly.
 	ProbeAPI bool
-	// Registerer receives the controller's metrics. Optional.
-	Registerer prometheus.Registerer
-	// NodeName, when set, limits the controller to the volumes whose node
-	// affinity admits that node (--node-deployment).
-	NodeName string
 }
 
 // Validate reports the first field of c that cannot work.
 func (c Config) Validate() error {
-	switch {
-	case c.DriverName == "":
-		return errors.New("the driver name is empty")
-	case c.Client == nil:
-		return errors.New("no Kubernetes client")
-	case c.CSI == nil:
+	if c.CSI == nil {
 		return errors.New("no CSI driver connection")
-	case c.Informers == nil:
-		return errors.New("no shared informers")
-	case c.Workers < 1:
-		return fmt.Errorf("workers must be at least 1, not %d", c.Workers)
-	case c.Resync < 0:
-		return fmt.Errorf("the resync period must not be negative, not %s", c.Resync)
 	}
-	return kube.ValidateBackoff(c.RetryIntervalStart, c.RetryIntervalMax)
+	return c.ClaimConfig.Validate()
 }
 
 // Controller is the VolumeAttributesClass modify controller: a drop-in
@@ -141,9 +104,8 @@ type Controller struct {
 
 	// claims is the work loop, the caches and the record of the
 	// controller's own writes, as the resize controller has its own.
-	claims  *kube.ClaimQueue
-	mods    *modifyState
-	metrics *kube.ClaimMetrics
+	claims *kube.ClaimQueue
+	mods   *modifyState
 }
 
 // New builds a modify controller over the shared informers. It adds no
@@ -153,34 +115,16 @@ func New(cfg Config) (*Controller, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("modify controller: %w", err)
 	}
-	m, err := newMetrics(cfg.Registerer)
-	if err != nil {
-		return nil, fmt.Errorf("modify controller metrics: %w", err)
-	}
-	c := &Controller{
-		cfg:     cfg,
-		client:  cfg.Client,
-		csi:     cfg.CSI,
-		clock:   clock.RealClock{},
-		mods:    newModifyState(),
-		metrics: m,
-	}
-	c.claims = kube.NewClaimQueue(kube.ClaimQueueConfig{
-		Controller:         "modify",
-		Name:               QueueName(cfg.DriverName),
-		DriverName:         cfg.DriverName,
-		Client:             cfg.Client,
-		Informers:          cfg.Informers,
-		Recorder:           cfg.Recorder,
-		EventComponent:     EventComponent(cfg.DriverName),
-		Resync:             cfg.Resync,
-		RetryIntervalStart: cfg.RetryIntervalStart,
-		RetryIntervalMax:   cfg.RetryIntervalMax,
-		Ready:              cfg.CSI.WaitReady,
-		Sync:               c.sync,
-		Wants:              c.shouldEnqueue,
-		Forget:             func(key string, _ *corev1.PersistentVolumeClaim) { c.mods.drop(key) },
+	c := &Controller{cfg: cfg, client: cfg.Client, csi: cfg.CSI, clock: clock.RealClock{}, mods: newModifyState()}
+	claims, err := kube.NewClaimQueue(kube.ClaimQueueConfig{
+		ClaimConfig: cfg.ClaimConfig, Controller: "modify", Name: QueueName(cfg.DriverName), EventComponent: EventComponent(cfg.DriverName),
+		Metrics: metricNames, Ready: cfg.CSI.WaitReady, Sync: c.sync, Wants: c.shouldEnqueue,
+		Forget: func(key string, _ *corev1.PersistentVolumeClaim) { c.mods.drop(key) },
 	})
+	if err != nil {
+		return nil, err
+	}
+	c.claims = claims
 	c.vacInformer = cfg.Informers.VolumeAttributesClasses()
 	c.vacLister = storagelisters.NewVolumeAttributesClassLister(c.vacInformer.GetIndexer())
 	return c, nil
@@ -197,7 +141,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	}
 	klog.FromContext(ctx).Info("Starting the modify controller", "driver", c.cfg.DriverName, "workers", c.cfg.Workers,
 		"queue", c.claims.Queue.Name, "extraModifyMetadata", c.cfg.ExtraModifyMetadata)
-	return c.claims.Run(ctx, c.cfg.Workers, c.addClassHandler, c.initUncertain)
+	return c.claims.Run(ctx, c.addClassHandler, c.initUncertain)
 }
 
 // apiServed tells whether the API server serves VolumeAttributesClasses.

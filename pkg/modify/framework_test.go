@@ -5,7 +5,6 @@ import (
 	"maps"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	corev1 "k8s.io/api/core/v1"
@@ -15,7 +14,6 @@ import (
 	testingclock "k8s.io/utils/clock/testing"
 	"k8s.io/utils/ptr"
 
-	"github.com/loopvol/loopvol/internal/kube"
 	"github.com/loopvol/loopvol/internal/kube/claimtest"
 	"github.com/loopvol/loopvol/pkg/csiclient"
 )
@@ -138,17 +136,7 @@ func newFixture(t *testing.T, objs []runtime.Object, opts ...func(*Config)) *fix
 		csi:     &fakeCSI{caps: modifyCaps},
 		clock:   testingclock.NewFakePassiveClock(claimtest.Now),
 	}
-	cfg := Config{
-		DriverName:         claimtest.Driver,
-		Client:             f.Client,
-		CSI:                f.csi,
-		Informers:          kube.NewInformers(f.Client, 0),
-		Recorder:           f.Recorder,
-		Workers:            1,
-		RetryIntervalStart: time.Second,
-		RetryIntervalMax:   5 * time.Minute,
-		Registerer:         f.Registry,
-	}
+	cfg := Config{ClaimConfig: f.ClaimConfig(), CSI: f.csi}
 	for _, o := range opts {
 		o(&cfg)
 	}

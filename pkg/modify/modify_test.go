@@ -78,7 +78,7 @@ func TestModify(t *testing.T) {
 	kubetest.Diff(t, "claim", "current=thick", modifyStatusOf(f.PVC("a")))
 	kubetest.Diff(t, "volume's class", thick, *f.PV("pv-a").Spec.VolumeAttributesClassName)
 	kubetest.Diff(t, "sync errors", []error{nil}, f.Errs)
-	if got := testutil.ToFloat64(f.c.metrics.Done); got != 1 {
+	if got := testutil.ToFloat64(f.c.claims.Metrics.Done); got != 1 {
 		t.Errorf("loopvol_resizer_modifies_total = %v, want 1", got)
 	}
 
@@ -171,7 +171,7 @@ func TestModifyInfeasible(t *testing.T) {
 	if len(f.Errs) != 1 || !kube.IsFinal(f.Errs[0]) {
 		t.Errorf("sync errors %v, want one final error (retried slowly)", f.Errs)
 	}
-	if got := testutil.ToFloat64(f.c.metrics.Errors.WithLabelValues("InvalidArgument")); got != 1 {
+	if got := testutil.ToFloat64(f.c.claims.Metrics.Errors.WithLabelValues("InvalidArgument")); got != 1 {
 		t.Errorf("loopvol_resizer_modify_errors_total{InvalidArgument} = %v, want 1", got)
 	}
 	if q := f.c.claims.Queue.Q.Len(); q != 0 {

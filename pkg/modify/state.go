@@ -4,7 +4,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/loopvol/loopvol/internal/kube"
@@ -90,16 +89,10 @@ func (s *modifyState) drop(key string) {
 	delete(s.infeasibleAt, key)
 }
 
-// newMetrics builds the modify controller's own metrics
-// (kube.ClaimMetrics: modifications applied, failed ControllerModifyVolume
-// attempts by gRPC code) and registers them on reg (when not nil). The
-// workqueue metrics are the queue's named by QueueName.
-func newMetrics(reg prometheus.Registerer) (*kube.ClaimMetrics, error) {
-	return kube.NewClaimMetrics(reg, prometheus.CounterOpts{
-		Name: "loopvol_resizer_modifies_total",
-		Help: "VolumeAttributesClass modifications applied: the driver accepted the class and the claim and its volume name it.",
-	}, prometheus.CounterOpts{
-		Name: "loopvol_resizer_modify_errors_total",
-		Help: "Failed ControllerModifyVolume attempts by gRPC code (" + kube.NoCode + ": failed before the driver answered, e.g. a missing Secret).",
-	})
+// metricNames are the modify controller's own metrics (kube.ClaimMetrics:
+// modifications applied, failed ControllerModifyVolume attempts by gRPC
+// code), next to the workqueue metrics of the queue named by QueueName.
+var metricNames = kube.ClaimMetricNames{
+	Done: "loopvol_resizer_modifies_total", Errors: "loopvol_resizer_modify_errors_total", Attempts: "Failed ControllerModifyVolume attempts",
+	DoneHelp: "VolumeAttributesClass modifications applied: the driver accepted the class and the claim and its volume name it.",
 }

@@ -162,7 +162,7 @@ func (c *Controller) modifyTo(ctx context.Context, key string, pvc *corev1.Persi
 		return fmt.Errorf("mark PersistentVolumeClaim %s as modified: %w", key, err)
 	}
 	c.claims.Recorder.Eventf(pvc, corev1.EventTypeNormal, ReasonModifySucceeded, "external resizer modified volume %s with vac %s successfully", pvc.Name, vac.Name)
-	c.metrics.Done.Inc()
+	c.claims.Metrics.Done.Inc()
 	logger.V(2).Info("Modified volume", "volumeAttributesClass", vac.Name)
 	return nil
 }
@@ -181,7 +181,7 @@ func otherDriver(vac *storagev1.VolumeAttributesClass, driver string) error {
 // (not final) keeps its target. An error without a gRPC status (a missing
 // Secret) changes nothing in the claim. It returns cause for the retry.
 func (c *Controller) modifyFailed(ctx context.Context, key string, pvc *corev1.PersistentVolumeClaim, vac *storagev1.VolumeAttributesClass, cause error) error {
-	code, hasCode := c.metrics.Failed(cause)
+	code, hasCode := c.claims.Metrics.Failed(cause)
 	err := fmt.Errorf("modify volume %s to VolumeAttributesClass %s: %w", pvc.Spec.VolumeName, vac.Name, cause)
 	if !hasCode {
 		return err

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
-	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes/scheme"
@@ -46,29 +45,11 @@ type CSI interface {
 
 // Config is what New needs.
 type Config struct {
-	// DriverName is the CSI driver's name; only claims bound to
-	// PersistentVolumes of this driver are handled.
-	DriverName string
-	// Client talks to the Kubernetes API.
-	Client KubeClient
+	// ClaimConfig is what the modify controller is given too; only claims
+	// bound to PersistentVolumes of DriverName are handled.
+	kube.ClaimConfig
 	// CSI is the driver connection.
 	CSI CSI
-	// Informers are the process's shared informers; the caller starts them.
-	// The controller reads PersistentVolumeClaims and PersistentVolumes.
-	Informers *kube.Informers
-	// Recorder records the Events on claims. Optional: when nil, the
-	// controller records through its own broadcaster to the Events API
-	// while Run runs.
-	Recorder record.EventRecorder
-	// Workers is the number of claims expanded at once.
-	Workers int
-	// Resync is how often every claim is looked at again even when nothing
-	// changed; zero: only the informers' own resync.
-	Resync time.Duration
-	// RetryIntervalStart and RetryIntervalMax bound the per-claim
-	// exponential backoff after a failure.
-	RetryIntervalStart time.Duration
-	RetryIntervalMax   time.Duration
 	// HandleVolumeInUseError: after the driver refused to expand a volume
 	// because it is in use (FAILED_PRECONDITION, a driver that expands only
 	// unpublished volumes), do not call it again while a pod that has not
@@ -78,33 +59,14 @@ type Config struct {
 	// expansion that needs the node in PreResizeCapacityAnnotation on the
 	// PersistentVolume (upstream feature gate AnnotateFsResize).
 	AnnotatePreResizeCapacity bool
-	// Registerer receives the controller's metrics. Optional.
-	Registerer prometheus.Registerer
-	// NodeName, when set, limits the controller to the volumes whose node
-	// affinity admits that node (--node-deployment: one sidecar per node,
-	// next to a driver that serves only that node's pools).
-	NodeName string
 }
 
 // Validate reports the first field of c that cannot work.
 func (c Config) Validate() error {
-	switch {
-	case c.DriverName == "":
-		return errors.New("the driver name is empty")
-	case c.Client == nil:
-		return errors.New("no Kubernetes client")
-	case c.CSI == nil:
+	if c.CSI == nil {
 		return errors.New("no CSI driver connection")
-	case c.Informers == nil:
-		return errors.New("no shared informers")
-	case c.Workers < 1:
-		return fmt.Errorf("workers must be at least 1, not %d", c.Workers)
-	case c.Resync < 0:
-		return fmt.Errorf("the resync period must not be negative, not %s", c.Resync)
-	case kube.ValidateBackoff(c.RetryIntervalStart, c.RetryIntervalMax) != nil:
-		return kube.ValidateBackoff(c.RetryIntervalStart, c.RetryIntervalMax)
 	}
-	return nil
+	return c.ClaimConfig.Validate()
 }
 
 // Controller is the resize controller. Build it with New, start it with

@@ -239,17 +239,19 @@ func newFixture(t *testing.T, caps csiclient.Capabilities, objs []runtime.Object
 		}
 	})
 	cfg := Config{
-		DriverName:                driver,
-		Client:                    client,
+		ClaimConfig: kube.ClaimConfig{
+			DriverName:         driver,
+			Client:             client,
+			Informers:          kube.NewInformers(client, 0),
+			Recorder:           f.recorder,
+			Workers:            1,
+			RetryIntervalStart: time.Second,
+			RetryIntervalMax:   5 * time.Minute,
+			Registerer:         f.registry,
+		},
 		CSI:                       f.csi,
-		Informers:                 kube.NewInformers(client, 0),
-		Recorder:                  f.recorder,
-		Workers:                   1,
-		RetryIntervalStart:        time.Second,
-		RetryIntervalMax:          5 * time.Minute,
 		HandleVolumeInUseError:    true,
 		AnnotatePreResizeCapacity: true,
-		Registerer:                f.registry,
 	}
 	for _, o := range opts {
 		o(&cfg)

@@ -10,6 +10,7 @@ package claimtest
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
@@ -71,6 +72,23 @@ func New(t *testing.T, objs []runtime.Object) *Fixture {
 		}
 	}})
 	return f
+}
+
+// ClaimConfig is the configuration the fixture's controller gets: the
+// fake clientset, fresh informers over it (started by nobody: the fixture
+// fills their caches), the fixture's Recorder and Registry, one worker and
+// a backoff from one second to five minutes.
+func (f *Fixture) ClaimConfig() kube.ClaimConfig {
+	return kube.ClaimConfig{
+		DriverName:         Driver,
+		Client:             f.Client,
+		Informers:          kube.NewInformers(f.Client, 0),
+		Recorder:           f.Recorder,
+		Workers:            1,
+		RetryIntervalStart: time.Second,
+		RetryIntervalMax:   5 * time.Minute,
+		Registerer:         f.Registry,
+	}
 }
 
 // Use makes q, the queue of the controller under test, the fixture's: the
