@@ -1,6 +1,10 @@
 // Command driver is the loopvol CSI driver: the Identity service plus the
 // Controller service (--mode=controller), the Node service (--mode=node) or
 // both (--mode=all) on one unix socket.
+//
+// main only parses the flags into a config, validates it and calls run,
+// and exits in one place; run opens the pools, builds the services, serves
+// them with the metrics and health endpoint, and returns when they stop.
 package main
 
 import (
@@ -8,28 +12,50 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"net/http"
+	"io"
+	"net"
 	"os"
 	"os/signal"
 	"strings"
 	"syscall"
-	"time"
 
-	"github.com/loopvol/loopvol/pkg/controller"
-	"github.com/loopvol/loopvol/pkg/csiserver"
-	"github.com/loopvol/loopvol/pkg/loop"
-	"github.com/loopvol/loopvol/pkg/metrics"
-	"github.com/loopvol/loopvol/pkg/node"
-	"github.com/loopvol/loopvol/pkg/pool"
-	"github.com/loopvol/loopvol/pkg/pool/poolmetrics"
+	"k8s.io/component-base/featuregate"
+	"k8s.io/component-base/logs"
+	logsapi "k8s.io/component-base/logs/api/v1"
 	"k8s.io/klog/v2"
-	"k8s.io/mount-utils"
-	utilexec "k8s.io/utils/exec"
-	"sigs.k8s.io/yaml"
+
+	"github.com/loopvol/loopvol/pkg/csiserver"
+	"github.com/loopvol/loopvol/pkg/pool"
+	"github.com/loopvol/loopvol/pkg/volspec"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
 var version = "dev"
+
+// The modes of --mode.
+const (
+	modeController = "controller"
+	modeNode       = "node"
+	modeAll        = "all"
+)
+
+// config holds every flag.
+type config struct {
+	endpoint      string
+	mode          string
+	driverName    string
+	nodeID        string
+	zone          string
+	pools         poolFlag
+	configFile    string
+	kubeletDir    string
+	maxVolumes    int64
+	httpEndpoint  string
+	defaultFsType string
+	showVersion   bool
+
+	logging *logsapi.LoggingConfiguration
+}
 
 // poolFlag collects repeated --pool NAME=PATH flags.
 type poolFlag []pool.Options
@@ -45,228 +71,143 @@ func (p *poolFlag) Set(v string) error {
 	return nil
 }
 
-// options are the command-line flags.
-type options struct {
-	endpoint      string
-	mode          string
-	driverName    string
-	nodeID        string
-	zone          string
-	pools         poolFlag
-	configFile    string
-	kubeletDir    string
-	maxVolumes    int64
-	httpEndpoint  string
-	defaultFsType string
-	showVersion   bool
-}
-
-// configFile is the --config format: pools of several zones, for a
-// controller that serves them all.
-type configFile struct {
-	Pools []struct {
-		Name         string `json:"name"`
-		Zone         string `json:"zone"`
-		Path         string `json:"path"`
-		ReserveBytes int64  `json:"reserveBytes"`
-	} `json:"pools"`
-}
-
 func main() {
-	host, _ := os.Hostname()
-	var o options
-	fs := flag.NewFlagSet(os.Args[0], flag.ContinueOnError)
-	fs.StringVar(&o.endpoint, "endpoint", "unix:///csi/csi.sock", "CSI endpoint, unix:///absolute/path of the socket to serve.")
-	fs.StringVar(&o.mode, "mode", "all", "Services to run: controller (Identity + Controller), node (Identity + Node) or all.")
-	fs.StringVar(&o.driverName, "driver-name", "loopvol.csi.io", "CSI driver name reported by GetPluginInfo.")
-	fs.StringVar(&o.nodeID, "node-id", host, "ID of this node in attachments and node records (node mode); defaults to the host name.")
-	fs.StringVar(&o.zone, "zone", "default", "Topology zone of this node and of the pools given with --pool.")
-	fs.Var(&o.pools, "pool", "Pool of this zone as NAME=PATH (NAME a DNS label, PATH a directory); repeatable.")
-	fs.StringVar(&o.configFile, "config", "", "YAML file with pools of several zones: pools: [{name, zone, path, reserveBytes}].")
-	fs.StringVar(&o.kubeletDir, "kubelet-dir", "/var/lib/kubelet", "Staging and target paths must lie under this directory.")
-	fs.Int64Var(&o.maxVolumes, "max-volumes-per-node", 128, "Most volumes attached to this node at once, reported by NodeGetInfo and enforced by ControllerPublishVolume (0: no limit).")
-	fs.StringVar(&o.httpEndpoint, "http-endpoint", "", "host:port to serve /metrics (CSI call counts and latencies, pool space) and /healthz on; empty: off.")
-	fs.StringVar(&o.defaultFsType, "default-fstype", "ext4", "Filesystem of mount volumes whose request names none: ext4 or xfs.")
-	fs.BoolVar(&o.showVersion, "version", false, "Print the version and exit.")
-	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
-	klog.InitFlags(klogFlags)
-	klogFlags.VisitAll(func(f *flag.Flag) { fs.Var(f.Value, f.Name, f.Usage) })
-
-	if err := fs.Parse(os.Args[1:]); err != nil {
-		os.Exit(2) // the flag package printed what was wrong and the usage
-	}
-	if o.showVersion {
-		fmt.Println(os.Args[0], version)
-		return
-	}
-	ctx := signalContext()
-	if err := run(ctx, o); err != nil {
-		klog.FromContext(ctx).Error(err, "Driver failed")
-		klog.FlushAndExit(klog.ExitFlushTimeout, 1)
-	}
-	klog.Flush()
+	os.Exit(mainWithCode(os.Args[1:], os.Stdout, os.Stderr))
 }
 
-// signalContext is cancelled by the first SIGINT or SIGTERM; a second one
-// exits at once.
-func signalContext() context.Context {
-	ctx, cancel := context.WithCancel(context.Background())
-	ch := make(chan os.Signal, 2)
-	signal.Notify(ch, syscall.SIGINT, syscall.SIGTERM)
-	go func() {
-		<-ch
-		cancel()
-		<-ch
-		os.Exit(1)
-	}()
+// mainWithCode runs the command and returns its exit code: 0 after a clean
+// stop, 1 when it failed, 2 for a bad command line.
+func mainWithCode(args []string, stdout, stderr io.Writer) int {
+	host, _ := os.Hostname()
+	cfg, err := parseFlags(args, stdout, host)
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		return 0
+	case err != nil:
+		fmt.Fprintf(stderr, "driver: %v\nRun 'driver --help' for the flags.\n", err)
+		return 2
+	}
+	if cfg.showVersion {
+		fmt.Fprintln(stdout, "driver", version)
+		return 0
+	}
+
+	logs.InitLogs()
+	defer logs.FlushLogs()
+	fg := featuregate.NewFeatureGate()
+	if err := logsapi.AddFeatureGates(fg); err != nil {
+		fmt.Fprintf(stderr, "driver: logging feature gates: %v\n", err)
+		return 1
+	}
+	if err := logsapi.ValidateAndApply(cfg.logging, fg); err != nil {
+		fmt.Fprintf(stderr, "driver: logging flags: %v\n", err)
+		return 2
+	}
+
+	ctx := signalContext(klog.NewContext(context.Background(), klog.Background()))
+	if err := run(ctx, cfg, net.Listen); err != nil {
+		klog.FromContext(ctx).Error(err, "Driver failed")
+		return 1
+	}
+	return 0
+}
+
+// signalContext returns a context that ends on the first SIGINT or SIGTERM:
+// the servers stop and the driver exits. After that the default handling is
+// back, so a second signal kills the process at once.
+func signalContext(parent context.Context) context.Context {
+	ctx, stop := signal.NotifyContext(parent, os.Interrupt, syscall.SIGTERM)
+	context.AfterFunc(ctx, stop)
 	return ctx
 }
 
-func (o *options) validate() error {
-	var errs []error
-	switch o.mode {
-	case "controller", "node", "all":
-	default:
-		errs = append(errs, fmt.Errorf("--mode=%q: want controller, node or all", o.mode))
+// parseFlags reads args into a config and validates it; host is the
+// default of --node-id. It returns flag.ErrHelp after printing the help for
+// -h; any other error is a bad command line.
+func parseFlags(args []string, output io.Writer, host string) (*config, error) {
+	cfg := &config{logging: logsapi.NewLoggingConfiguration()}
+	fs := newFlagSet(cfg, host)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintf(output, "Usage: driver [flags]\n\nloopvol's CSI driver: the Identity service with the Controller service, the Node service or both on one unix socket.\n\nFlags:\n")
+			fs.SetOutput(output)
+			fs.PrintDefaults()
+		}
+		return nil, err
 	}
-	if _, err := csiserver.ParseEndpoint(o.endpoint); err != nil {
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments %q (every option is a --flag)", fs.Args())
+	}
+	if cfg.showVersion {
+		return cfg, nil
+	}
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	return cfg, nil
+}
+
+// newFlagSet declares every flag into a new FlagSet bound to cfg.
+func newFlagSet(cfg *config, host string) *flag.FlagSet {
+	fs := flag.NewFlagSet("driver", flag.ContinueOnError)
+	// The flag package would print the whole help after any mistake; the
+	// caller prints the error alone, the help only for -h.
+	fs.SetOutput(io.Discard)
+	fs.StringVar(&cfg.endpoint, "endpoint", "unix:///csi/csi.sock", "CSI endpoint, unix:///absolute/path of the socket to serve.")
+	fs.StringVar(&cfg.mode, "mode", modeAll, "Services to run: controller (Identity + Controller), node (Identity + Node) or all.")
+	fs.StringVar(&cfg.driverName, "driver-name", "loopvol.csi.io", "CSI driver name reported by GetPluginInfo.")
+	fs.StringVar(&cfg.nodeID, "node-id", host, "ID of this node in attachments and node records (node mode); defaults to the host name.")
+	fs.StringVar(&cfg.zone, "zone", "default", "Topology zone of this node and of the pools given with --pool.")
+	fs.Var(&cfg.pools, "pool", "Pool of this zone as NAME=PATH (NAME a DNS label, PATH a directory); repeatable.")
+	fs.StringVar(&cfg.configFile, "config", "", "YAML file with pools of several zones: pools: [{name, zone, path, reserveBytes}].")
+	fs.StringVar(&cfg.kubeletDir, "kubelet-dir", "/var/lib/kubelet", "Staging and target paths must lie under this directory.")
+	fs.Int64Var(&cfg.maxVolumes, "max-volumes-per-node", 128, "Most volumes attached to this node at once, reported by NodeGetInfo and enforced by ControllerPublishVolume (0: no limit).")
+	fs.StringVar(&cfg.httpEndpoint, "http-endpoint", "", "host:port to serve /metrics (CSI call counts and latencies, pool space) and /healthz on; empty: off.")
+	fs.StringVar(&cfg.defaultFsType, "default-fstype", volspec.DefaultFsType, "Filesystem of mount volumes whose request names none: ext4 or xfs.")
+	fs.BoolVar(&cfg.showVersion, "version", false, "Print the version and exit.")
+	logsapi.AddGoFlags(cfg.logging, fs)
+	return fs
+}
+
+// validate reports every flag value that cannot work, each naming its flag.
+func (c *config) validate() error {
+	var errs []error
+	switch c.mode {
+	case modeController, modeNode, modeAll:
+	default:
+		errs = append(errs, fmt.Errorf("--mode=%q: want controller, node or all", c.mode))
+	}
+	if _, err := csiserver.ParseEndpoint(c.endpoint); err != nil {
 		errs = append(errs, fmt.Errorf("--endpoint: %w", err))
 	}
-	if o.driverName == "" {
+	if c.driverName == "" {
 		errs = append(errs, errors.New("--driver-name must not be empty"))
 	}
-	if o.zone == "" {
+	if c.zone == "" {
 		errs = append(errs, errors.New("--zone must not be empty"))
 	}
-	if o.maxVolumes < 0 {
+	if c.maxVolumes < 0 {
 		errs = append(errs, errors.New("--max-volumes-per-node must not be negative"))
 	}
-	if o.mode != "controller" {
-		if err := pool.ValidateNodeID(o.nodeID); err != nil {
+	if c.serves(modeNode) {
+		if err := pool.ValidateNodeID(c.nodeID); err != nil {
 			errs = append(errs, fmt.Errorf("--node-id: %w", err))
 		}
 	}
-	if len(o.pools) == 0 && o.configFile == "" {
+	if c.serves(modeController) && c.defaultFsType != "" && !volspec.SupportedFsType(c.defaultFsType) {
+		errs = append(errs, fmt.Errorf("--default-fstype=%q: want one of %s", c.defaultFsType, strings.Join(volspec.Filesystems, ", ")))
+	}
+	if len(c.pools) == 0 && c.configFile == "" {
 		errs = append(errs, errors.New("no pools: give --pool NAME=PATH or --config FILE"))
+	}
+	if c.httpEndpoint != "" {
+		if _, _, err := net.SplitHostPort(c.httpEndpoint); err != nil {
+			errs = append(errs, fmt.Errorf("--http-endpoint %q is not host:port: %w", c.httpEndpoint, err))
+		}
 	}
 	return errors.Join(errs...)
 }
 
-// openPools opens the pools of --pool (in --zone) and of --config.
-func (o *options) openPools() ([]*pool.Pool, error) {
-	all := []pool.Options{}
-	for _, p := range o.pools {
-		p.Zone = o.zone
-		all = append(all, p)
-	}
-	if o.configFile != "" {
-		data, err := os.ReadFile(o.configFile)
-		if err != nil {
-			return nil, fmt.Errorf("--config: %w", err)
-		}
-		var cf configFile
-		if err := yaml.UnmarshalStrict(data, &cf); err != nil {
-			return nil, fmt.Errorf("--config %s: %w", o.configFile, err)
-		}
-		for _, p := range cf.Pools {
-			all = append(all, pool.Options{Name: p.Name, Zone: p.Zone, Path: p.Path, ReserveBytes: p.ReserveBytes})
-		}
-	}
-	seen := map[string]bool{}
-	var pools []*pool.Pool
-	for _, opts := range all {
-		if seen[opts.Name] {
-			return nil, fmt.Errorf("pool %q is given twice", opts.Name)
-		}
-		seen[opts.Name] = true
-		p, err := pool.Open(opts)
-		if err != nil {
-			return nil, err
-		}
-		pools = append(pools, p)
-	}
-	return pools, nil
-}
-
-func run(ctx context.Context, o options) error {
-	if err := o.validate(); err != nil {
-		return err
-	}
-	logger := klog.FromContext(ctx)
-	pools, err := o.openPools()
-	if err != nil {
-		return err
-	}
-	cfg := csiserver.Config{Endpoint: o.endpoint}
-	served := pools
-	if o.mode != "controller" {
-		byName := map[string]*pool.Pool{}
-		served = nil
-		for _, p := range pools {
-			byName[p.Name] = p
-			if p.Zone == o.zone {
-				served = append(served, p)
-			}
-		}
-		n, err := node.New(node.Config{
-			NodeID:     o.nodeID,
-			Zone:       o.zone,
-			MaxVolumes: o.maxVolumes,
-			KubeletDir: o.kubeletDir,
-			Pools:      byName,
-			Loop:       loop.New(),
-			Mounter:    &mount.SafeFormatAndMount{Interface: mount.New(""), Exec: utilexec.New()},
-		})
-		if err != nil {
-			return err
-		}
-		cfg.Node = n
-	}
-	if o.mode != "node" {
-		// Loop: a volume mounted on this node is frozen for its snapshot.
-		c, err := controller.New(controller.Config{Pools: pools, DefaultFsType: o.defaultFsType, Loop: loop.New()})
-		if err != nil {
-			return err
-		}
-		c.Start(ctx) // sweeps what killed processes left in the pools, then every 10 minutes
-		cfg.Controller = c
-		served = pools
-	}
-	identity := controller.NewIdentity(o.driverName, version, cfg.Controller != nil, served)
-	cfg.Identity = identity
-	mm := metrics.NewPlugin(o.driverName)
-	mm.GetRegistry().RawMustRegister(poolmetrics.Collector{Usage: func() []poolmetrics.Usage {
-		return poolmetrics.Measure(served)
-	}})
-	cfg.Metrics = mm
-
-	srv, err := csiserver.Listen(ctx, cfg)
-	if err != nil {
-		return err
-	}
-	if o.httpEndpoint != "" {
-		mux := http.NewServeMux()
-		mm.RegisterToServer(mux, "/metrics")
-		mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
-			resp, err := identity.Probe(r.Context(), nil)
-			if err != nil || !resp.GetReady().GetValue() {
-				http.Error(w, "not ready: a pool is not usable (see the driver log)", http.StatusServiceUnavailable)
-				return
-			}
-			fmt.Fprintln(w, "ok")
-		})
-		hs := &http.Server{Addr: o.httpEndpoint, Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-		go func() {
-			if err := hs.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				logger.Error(err, "HTTP endpoint failed", "address", o.httpEndpoint)
-			}
-		}()
-		defer hs.Close()
-	}
-	var names []string
-	for _, p := range served {
-		names = append(names, p.Name+"="+p.Path+" ("+p.Zone+")")
-	}
-	logger.Info("Serving CSI", "endpoint", o.endpoint, "mode", o.mode, "driver", o.driverName, "nodeID", o.nodeID, "pools", names, "version", version)
-	return srv.Serve(ctx)
-}
+// serves reports whether the driver runs the service of mode (controller or
+// node): in that mode or in all.
+func (c *config) serves(mode string) bool { return c.mode == mode || c.mode == modeAll }
