@@ -12,8 +12,10 @@ import (
 // ValidateController reports the first of the settings that every
 // controller of the sidecar has which cannot work, or nil: each
 // controller's Config.Validate starts with it, so that the same mistake
-// reads the same whichever controller it is made for.
-func ValidateController(driverName string, client Client, informers *Informers, workers int, retryStart, retryMax time.Duration) error {
+// reads the same whichever controller it is made for. csi is the
+// controller's driver connection, as whichever interface of it the
+// controller uses.
+func ValidateController(driverName string, client Client, informers *Informers, csi any, workers int, retryStart, retryMax time.Duration) error {
 	switch {
 	case driverName == "":
 		return errors.New("the driver name is empty")
@@ -21,6 +23,8 @@ func ValidateController(driverName string, client Client, informers *Informers, 
 		return errors.New("no Kubernetes client")
 	case informers == nil:
 		return errors.New("no shared informers")
+	case csi == nil:
+		return errors.New("no CSI driver connection")
 	case workers < 1:
 		return fmt.Errorf("workers must be at least 1, not %d", workers)
 	}

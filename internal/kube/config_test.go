@@ -18,19 +18,21 @@ func TestValidateController(t *testing.T) {
 		driver    string
 		client    Client
 		informers *Informers
+		csi       any
 		workers   int
 		start     time.Duration
 		want      string
 	}{
-		{name: "valid", driver: "d", client: client, informers: inf, workers: 1, start: time.Second},
-		{name: "no driver", client: client, informers: inf, workers: 1, start: time.Second, want: "driver name"},
-		{name: "no client", driver: "d", informers: inf, workers: 1, start: time.Second, want: "Kubernetes client"},
-		{name: "no informers", driver: "d", client: client, workers: 1, start: time.Second, want: "shared informers"},
-		{name: "no workers", driver: "d", client: client, informers: inf, start: time.Second, want: "workers"},
-		{name: "no backoff", driver: "d", client: client, informers: inf, workers: 1, want: "initial retry"},
+		{name: "valid", driver: "d", client: client, informers: inf, csi: "driver", workers: 1, start: time.Second},
+		{name: "no driver connection", driver: "d", client: client, informers: inf, workers: 1, start: time.Second, want: "CSI driver"},
+		{name: "no driver", client: client, informers: inf, csi: "driver", workers: 1, start: time.Second, want: "driver name"},
+		{name: "no client", driver: "d", informers: inf, csi: "driver", workers: 1, start: time.Second, want: "Kubernetes client"},
+		{name: "no informers", driver: "d", client: client, csi: "driver", workers: 1, start: time.Second, want: "shared informers"},
+		{name: "no workers", driver: "d", client: client, informers: inf, csi: "driver", start: time.Second, want: "workers"},
+		{name: "no backoff", driver: "d", client: client, informers: inf, csi: "driver", workers: 1, want: "initial retry"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			err := ValidateController(tc.driver, tc.client, tc.informers, tc.workers, tc.start, time.Minute)
+			err := ValidateController(tc.driver, tc.client, tc.informers, tc.csi, tc.workers, tc.start, time.Minute)
 			if tc.want == "" && err != nil || tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
 				t.Errorf("ValidateController = %v, want an error about %q", err, tc.want)
 			}

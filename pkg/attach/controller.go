@@ -2,7 +2,6 @@ package attach
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -119,12 +118,10 @@ const TimeoutGrowthLimit = 8
 
 // Validate reports the first field of c that cannot work.
 func (c Config) Validate() error {
-	if err := kube.ValidateController(c.DriverName, c.Client, c.Informers, c.Workers, c.RetryIntervalStart, c.RetryIntervalMax); err != nil {
+	if err := kube.ValidateController(c.DriverName, c.Client, c.Informers, c.CSI, c.Workers, c.RetryIntervalStart, c.RetryIntervalMax); err != nil {
 		return err
 	}
 	switch {
-	case c.CSI == nil:
-		return errors.New("no CSI driver connection")
 	case c.ReconcileSync < 0:
 		return fmt.Errorf("the reconcile period must not be negative, not %s", c.ReconcileSync)
 	case c.Timeout < 0:

@@ -97,12 +97,10 @@ type Config struct {
 
 // Validate reports the first field of c that cannot work.
 func (c Config) Validate() error {
-	if err := kube.ValidateController(c.DriverName, c.Client, c.Informers, c.Workers, c.RetryIntervalStart, c.RetryIntervalMax); err != nil {
+	if err := kube.ValidateController(c.DriverName, c.Client, c.Informers, c.CSI, c.Workers, c.RetryIntervalStart, c.RetryIntervalMax); err != nil {
 		return err
 	}
 	switch {
-	case c.CSI == nil:
-		return errors.New("no CSI driver connection")
 	case c.Namespace == "":
 		return errors.New("no namespace for the CSIStorageCapacity objects")
 	case c.PollInterval <= 0:
