@@ -41,13 +41,16 @@ type Config struct {
 	Health *leaderelection.HealthzAdaptor
 }
 
-// Run runs run while this process holds the Lease cfg.Namespace/cfg.Name. On a signal (ctx ends) the controllers stop first and the Lease
-// is released after, so another replica takes over at once without a moment
-// with two leaders. Losing the Lease is an error: the process exits and
-// starts again from a clean state, as the upstream sidecars do. The Lease
-// counts as lost as soon as its last renewal is a lease duration old (see
-// watchLease), and the controllers' context carries that check for
-// kube.StillLeading.
+// Run runs run while this process holds the Lease cfg.Namespace/cfg.Name,
+// waiting for it first (if ctx ends before, Run returns nil and run never
+// runs); it returns once run has returned. On the end of ctx
+// (a signal) run's context ends first and the Lease is released after run
+// returned, so another replica takes over at once without a moment with two
+// leaders; Run then returns run's error, or nil. Losing the Lease is an
+// error, so that the caller exits and starts again from a clean state, as
+// the upstream sidecars do. The Lease counts as lost as soon as its last
+// renewal is a lease duration old (watchLease), and run's context carries
+// that check for kube.StillLeading.
 func Run(ctx context.Context, cfg Config, run func(context.Context) error) error {
 	logger := klog.FromContext(ctx)
 	ns, lockName, id := cfg.Namespace, cfg.Name, cfg.Identity
