@@ -45,13 +45,16 @@ type ClaimConfig struct {
 	NodeName string
 }
 
-// Validate reports the first field of c that cannot work.
-func (c ClaimConfig) Validate() error {
+// Validate reports the first field of c that cannot work, or that driver,
+// the controller's CSI driver connection, is nil.
+func (c ClaimConfig) Validate(driver any) error {
 	switch {
 	case c.DriverName == "":
 		return errors.New("the driver name is empty")
 	case c.Client == nil:
 		return errors.New("no Kubernetes client")
+	case driver == nil:
+		return errors.New("no CSI driver connection")
 	case c.Informers == nil:
 		return errors.New("no shared informers")
 	case c.Workers < 1:

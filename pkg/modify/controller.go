@@ -2,7 +2,6 @@ package modify
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -52,12 +51,7 @@ type Config struct {
 }
 
 // Validate reports the first field of c that cannot work.
-func (c Config) Validate() error {
-	if c.CSI == nil {
-		return errors.New("no CSI driver connection")
-	}
-	return c.ClaimConfig.Validate()
-}
+func (c Config) Validate() error { return c.ClaimConfig.Validate(c.CSI) }
 
 // Controller is the VolumeAttributesClass modify controller: a drop-in
 // for the upstream external-resizer's (pkg/modifycontroller). Build it with

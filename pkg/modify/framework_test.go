@@ -3,7 +3,6 @@ package modify
 import (
 	"context"
 	"maps"
-	"sync"
 	"testing"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -74,26 +73,16 @@ type modifyCall struct {
 }
 
 type fakeCSI struct {
-	mu    sync.Mutex
-	caps  csiclient.Capabilities
-	calls []modifyCall
+	claimtest.FakeDriver[modifyCall]
 	// answers are the errors of the next calls, in order (nil: success);
 	// once used up every call succeeds.
 	answers []error
 }
 
-func (f *fakeCSI) WaitReady(ctx context.Context) error { return ctx.Err() }
-
-func (f *fakeCSI) Capabilities() csiclient.Capabilities {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.caps
-}
-
 func (f *fakeCSI) ControllerModifyVolume(_ context.Context, req *csi.ControllerModifyVolumeRequest) (*csi.ControllerModifyVolumeResponse, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.calls = append(f.calls, modifyCall{VolumeID: req.VolumeId, Parameters: maps.Clone(req.MutableParameters), Secrets: req.Secrets})
+	f.Lock()
+	defer f.Unlock()
+	f.Calls = append(f.Calls, modifyCall{VolumeID: req.VolumeId, Parameters: maps.Clone(req.MutableParameters), Secrets: req.Secrets})
 	if len(f.answers) > 0 {
 		err := f.answers[0]
 		f.answers = f.answers[1:]
@@ -105,17 +94,9 @@ func (f *fakeCSI) ControllerModifyVolume(_ context.Context, req *csi.ControllerM
 }
 
 func (f *fakeCSI) answer(errs ...error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
+	f.Lock()
+	defer f.Unlock()
 	f.answers = append(f.answers, errs...)
-}
-
-func (f *fakeCSI) takeCalls() []modifyCall {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	out := f.calls
-	f.calls = nil
-	return out
 }
 
 // --- fixture ---
@@ -133,7 +114,7 @@ func newFixture(t *testing.T, objs []runtime.Object, opts ...func(*Config)) *fix
 	t.Helper()
 	f := &fixture{
 		Fixture: claimtest.New(t, objs),
-		csi:     &fakeCSI{caps: modifyCaps},
+		csi:     &fakeCSI{FakeDriver: claimtest.FakeDriver[modifyCall]{Caps: modifyCaps}},
 		clock:   testingclock.NewFakePassiveClock(claimtest.Now),
 	}
 	cfg := Config{ClaimConfig: f.ClaimConfig(), CSI: f.csi}

@@ -64,7 +64,7 @@ func TestModify(t *testing.T) {
 	f.QueueAll()
 	f.Drain()
 
-	kubetest.Diff(t, "driver calls", []modifyCall{{VolumeID: "vol-a", Parameters: thickParams}}, f.csi.takeCalls())
+	kubetest.Diff(t, "driver calls", []modifyCall{{VolumeID: "vol-a", Parameters: thickParams}}, f.csi.TakeCalls())
 	kubetest.Diff(t, "API actions", []kubetest.Action{
 		claimtest.ClaimStatusPatch("a", `{"metadata":{"resourceVersion":"RV"},"status":{"modifyVolumeStatus":{"targetVolumeAttributesClassName":"thick","status":"InProgress"},`+
 			`"conditions":[`+modifyingCondition(`Modifying volume to "thick" is in progress.`)+`]}}`),
@@ -85,7 +85,7 @@ func TestModify(t *testing.T) {
 	// Its own writes came back as events and queued nothing; a resync
 	// finds nothing to do.
 	f.Resync()
-	kubetest.Diff(t, "driver calls after a resync", []modifyCall(nil), f.csi.takeCalls())
+	kubetest.Diff(t, "driver calls after a resync", []modifyCall(nil), f.csi.TakeCalls())
 	kubetest.Diff(t, "API actions after a resync", []kubetest.Action(nil), f.Actions())
 }
 
@@ -107,7 +107,7 @@ func TestModifyNothingToDo(t *testing.T) {
 			f := newFixture(t, tc.objs)
 			f.QueueAll()
 			f.Drain()
-			kubetest.Diff(t, "driver calls", []modifyCall(nil), f.csi.takeCalls())
+			kubetest.Diff(t, "driver calls", []modifyCall(nil), f.csi.TakeCalls())
 			var writes []kubetest.Action
 			for _, a := range f.Actions() {
 				if a.Verb != "get" {
@@ -128,7 +128,7 @@ func TestModifyPending(t *testing.T) {
 	f := newFixture(t, objs)
 	f.QueueAll()
 	f.Drain()
-	kubetest.Diff(t, "driver calls", []modifyCall(nil), f.csi.takeCalls())
+	kubetest.Diff(t, "driver calls", []modifyCall(nil), f.csi.TakeCalls())
 	kubetest.Diff(t, "API actions", []kubetest.Action{
 		claimtest.ClaimStatusPatch("a", `{"metadata":{"resourceVersion":"RV"},"status":{"modifyVolumeStatus":{"targetVolumeAttributesClassName":"fast","status":"Pending"}}}`),
 	}, f.Actions())
@@ -141,7 +141,7 @@ func TestModifyPending(t *testing.T) {
 	}
 	f.Observe()
 	f.Drain()
-	kubetest.Diff(t, "driver calls", []modifyCall{{VolumeID: "vol-a", Parameters: thickParams}}, f.csi.takeCalls())
+	kubetest.Diff(t, "driver calls", []modifyCall{{VolumeID: "vol-a", Parameters: thickParams}}, f.csi.TakeCalls())
 	kubetest.Diff(t, "claim", "current=fast", modifyStatusOf(f.PVC("a")))
 }
 
@@ -156,7 +156,7 @@ func TestModifyInfeasible(t *testing.T) {
 	f.QueueAll()
 	f.Drain()
 
-	kubetest.Diff(t, "driver calls", []modifyCall{{VolumeID: "vol-a", Parameters: map[string]string{"pool": "elsewhere"}}}, f.csi.takeCalls())
+	kubetest.Diff(t, "driver calls", []modifyCall{{VolumeID: "vol-a", Parameters: map[string]string{"pool": "elsewhere"}}}, f.csi.TakeCalls())
 	acts := f.Actions()
 	kubetest.Diff(t, "API actions", []kubetest.Action{
 		claimtest.ClaimStatusPatch("a", `{"metadata":{"resourceVersion":"RV"},"status":{"modifyVolumeStatus":{"targetVolumeAttributesClassName":"bad","status":"InProgress"},`+
@@ -180,19 +180,19 @@ func TestModifyInfeasible(t *testing.T) {
 
 	// Within --retry-interval-max the driver is not asked again.
 	f.Resync()
-	kubetest.Diff(t, "driver calls within the slow retry window", []modifyCall(nil), f.csi.takeCalls())
+	kubetest.Diff(t, "driver calls within the slow retry window", []modifyCall(nil), f.csi.TakeCalls())
 	kubetest.Diff(t, "API actions within the slow retry window", []kubetest.Action(nil), f.Actions())
 	// After it, once.
 	f.clock.SetTime(claimtest.Now.Add(6 * time.Minute))
 	f.csi.answer(status.Error(codes.InvalidArgument, driverMsg))
 	f.Resync()
-	kubetest.Diff(t, "driver calls after the slow retry window", 1, len(f.csi.takeCalls()))
+	kubetest.Diff(t, "driver calls after the slow retry window", 1, len(f.csi.TakeCalls()))
 	f.Events()
 
 	// The user picks a class the driver accepts: tried at once, recovered.
 	f.SetClaim("a", wantsClass(thick))
 	f.Drain()
-	kubetest.Diff(t, "driver calls for the new class", []modifyCall{{VolumeID: "vol-a", Parameters: thickParams}}, f.csi.takeCalls())
+	kubetest.Diff(t, "driver calls for the new class", []modifyCall{{VolumeID: "vol-a", Parameters: thickParams}}, f.csi.TakeCalls())
 	kubetest.Diff(t, "claim", "current=thick", modifyStatusOf(f.PVC("a")))
 	kubetest.Diff(t, "volume's class", thick, *f.PV("pv-a").Spec.VolumeAttributesClassName)
 }
@@ -220,7 +220,7 @@ func TestModifyFinalNotInfeasible(t *testing.T) {
 
 	// The retry (the backoff's; run here by a resync) succeeds.
 	f.Resync()
-	kubetest.Diff(t, "driver calls", 2, len(f.csi.takeCalls()))
+	kubetest.Diff(t, "driver calls", 2, len(f.csi.TakeCalls()))
 	kubetest.Diff(t, "claim after the retry", "current=thin", modifyStatusOf(f.PVC("a")))
 	kubetest.Diff(t, "API actions of the retry", []kubetest.Action{
 		claimtest.ClaimStatusPatch("a", `{"metadata":{"resourceVersion":"RV"},"status":{"conditions":[`+modifyingCondition(`Modifying volume to "thin" is in progress.`)+`,`+
@@ -252,7 +252,7 @@ func TestModifyUncertain(t *testing.T) {
 		{VolumeID: "vol-a", Parameters: thickParams},
 		{VolumeID: "vol-a", Parameters: thickParams},
 		{VolumeID: "vol-a", Parameters: map[string]string{"pool": "p1"}},
-	}, f.csi.takeCalls())
+	}, f.csi.TakeCalls())
 	kubetest.Diff(t, "claim", "current=other", modifyStatusOf(f.PVC("a")))
 }
 
@@ -268,7 +268,7 @@ func TestModifyRestartInProgress(t *testing.T) {
 	kubetest.Diff(t, "driver calls: the target in progress first, then the newer class", []modifyCall{
 		{VolumeID: "vol-a", Parameters: thickParams},
 		{VolumeID: "vol-a", Parameters: map[string]string{"pool": "p1"}},
-	}, f.csi.takeCalls())
+	}, f.csi.TakeCalls())
 	kubetest.Diff(t, "claim", "current=other", modifyStatusOf(f.PVC("a")))
 }
 
@@ -280,7 +280,7 @@ func TestModifyClassOfAnotherDriver(t *testing.T) {
 	f := newFixture(t, append(boundThin("other"), other))
 	f.QueueAll()
 	f.Drain()
-	kubetest.Diff(t, "driver calls", []modifyCall(nil), f.csi.takeCalls())
+	kubetest.Diff(t, "driver calls", []modifyCall(nil), f.csi.TakeCalls())
 	kubetest.Diff(t, "claim",
 		`current=thin target=other status=Infeasible ModifyingVolume:Modifying volume to "other" failed. Waiting for retry. ModifyVolumeError(InvalidArgument):VolumeAttributesClass other is of driver ebs.csi.aws.com, not loopvol.csi.io`,
 		modifyStatusOf(f.PVC("a")))
@@ -299,7 +299,7 @@ func TestModifyRolledBack(t *testing.T) {
 	f := newFixture(t, []runtime.Object{pvc, claimtest.Volume("a", "1Gi")})
 	f.QueueAll()
 	f.Drain()
-	kubetest.Diff(t, "driver calls", []modifyCall(nil), f.csi.takeCalls())
+	kubetest.Diff(t, "driver calls", []modifyCall(nil), f.csi.TakeCalls())
 	kubetest.Diff(t, "API actions", []kubetest.Action{
 		claimtest.ClaimStatusPatch("a", `{"metadata":{"resourceVersion":"RV"},"status":{"conditions":null}}`),
 	}, f.Actions())
@@ -342,7 +342,7 @@ func TestModifySecretsAndMetadata(t *testing.T) {
 				Parameters: map[string]string{"preallocate": "true",
 					"csi.storage.k8s.io/pvc/name": "a", "csi.storage.k8s.io/pvc/namespace": claimtest.Namespace, "csi.storage.k8s.io/pv/name": "pv-a"},
 				Secrets: map[string]string{"key": tc.want},
-			}}, f.csi.takeCalls())
+			}}, f.csi.TakeCalls())
 		})
 	}
 }
@@ -351,10 +351,10 @@ func TestModifySecretsAndMetadata(t *testing.T) {
 // nothing is written; the claim is retried slowly.
 func TestModifyNotOffered(t *testing.T) {
 	f := newFixture(t, boundThin(thick))
-	f.csi.caps.ModifyVolume = false
+	f.csi.Caps.ModifyVolume = false
 	f.QueueAll()
 	f.Drain()
-	kubetest.Diff(t, "driver calls", []modifyCall(nil), f.csi.takeCalls())
+	kubetest.Diff(t, "driver calls", []modifyCall(nil), f.csi.TakeCalls())
 	kubetest.Diff(t, "API actions", []kubetest.Action(nil), f.Actions())
 	if len(f.Errs) != 1 || !kube.IsFinal(f.Errs[0]) {
 		t.Errorf("sync errors %v, want one final error", f.Errs)
@@ -368,7 +368,7 @@ func TestModifyEagerWatch(t *testing.T) {
 	f.Eager = true
 	f.QueueAll()
 	f.Drain()
-	kubetest.Diff(t, "driver calls", []modifyCall{{VolumeID: "vol-a", Parameters: thickParams}}, f.csi.takeCalls())
+	kubetest.Diff(t, "driver calls", []modifyCall{{VolumeID: "vol-a", Parameters: thickParams}}, f.csi.TakeCalls())
 	kubetest.Diff(t, "claim", "current=thick", modifyStatusOf(f.PVC("a")))
 	if q := f.c.claims.Queue.Q.Len(); q != 0 {
 		t.Errorf("own writes delivered early queued the claim (length %d)", q)
@@ -388,11 +388,11 @@ func TestModifyConflict(t *testing.T) {
 	if err == nil || kube.IsFinal(err) {
 		t.Fatalf("sync of a stale claim = %v, want a conflict retried with backoff", err)
 	}
-	kubetest.Diff(t, "driver calls after a conflict", []modifyCall(nil), f.csi.takeCalls())
+	kubetest.Diff(t, "driver calls after a conflict", []modifyCall(nil), f.csi.TakeCalls())
 	// The retry reads the claim from the API server.
 	f.c.claims.Queue.Q.Add(kube.ClaimKey(stale))
 	f.Drain()
-	kubetest.Diff(t, "driver calls", []modifyCall{{VolumeID: "vol-a", Parameters: thickParams}}, f.csi.takeCalls())
+	kubetest.Diff(t, "driver calls", []modifyCall{{VolumeID: "vol-a", Parameters: thickParams}}, f.csi.TakeCalls())
 	kubetest.Diff(t, "claim", "current=thick", modifyStatusOf(f.PVC("a")))
 }
 

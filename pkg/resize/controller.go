@@ -2,7 +2,6 @@ package resize
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -62,12 +61,7 @@ type Config struct {
 }
 
 // Validate reports the first field of c that cannot work.
-func (c Config) Validate() error {
-	if c.CSI == nil {
-		return errors.New("no CSI driver connection")
-	}
-	return c.ClaimConfig.Validate()
-}
+func (c Config) Validate() error { return c.ClaimConfig.Validate(c.CSI) }
 
 // Controller is the resize controller. Build it with New, start it with
 // Run.
