@@ -8,6 +8,8 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/go-logr/logr"
 	"k8s.io/klog/v2"
+
+	"github.com/loopvol/loopvol/pkg/volspec/volspectest"
 )
 
 // BenchmarkCreatePublish times CreateVolume and ControllerPublishVolume of
@@ -21,7 +23,7 @@ func BenchmarkCreatePublish(b *testing.B) {
 			f := newFixture(b, map[string]string{"p1": "z1"})
 			f.addNode(b, "p1", "n1", 100000)
 			c := klog.NewContext(context.Background(), logr.Discard())
-			cap := blockCap(snw)
+			cap := volspectest.Block(snw)
 			for i := range 200 {
 				resp, err := f.s.CreateVolume(c, createReq(fmt.Sprintf("seed-%d", i), 16*mib, cap))
 				if err != nil {

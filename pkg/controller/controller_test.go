@@ -10,6 +10,7 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/loopvol/loopvol/pkg/pool"
 	"github.com/loopvol/loopvol/pkg/volspec"
+	"github.com/loopvol/loopvol/pkg/volspec/volspectest"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"k8s.io/klog/v2/ktesting"
@@ -50,20 +51,6 @@ func (f *fixture) addNode(t testing.TB, poolName, node string, max int64) {
 	}
 }
 
-func mountCap(mode csi.VolumeCapability_AccessMode_Mode, fs string) *csi.VolumeCapability {
-	return &csi.VolumeCapability{
-		AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{FsType: fs}},
-		AccessMode: &csi.VolumeCapability_AccessMode{Mode: mode},
-	}
-}
-
-func blockCap(mode csi.VolumeCapability_AccessMode_Mode) *csi.VolumeCapability {
-	return &csi.VolumeCapability{
-		AccessType: &csi.VolumeCapability_Block{Block: &csi.VolumeCapability_BlockVolume{}},
-		AccessMode: &csi.VolumeCapability_AccessMode{Mode: mode},
-	}
-}
-
 const (
 	snw  = csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER
 	mnro = csi.VolumeCapability_AccessMode_MULTI_NODE_READER_ONLY
@@ -72,7 +59,7 @@ const (
 
 func createReq(name string, size int64, caps ...*csi.VolumeCapability) *csi.CreateVolumeRequest {
 	if len(caps) == 0 {
-		caps = []*csi.VolumeCapability{mountCap(snw, "ext4")}
+		caps = []*csi.VolumeCapability{volspectest.Mount("ext4", snw)}
 	}
 	return &csi.CreateVolumeRequest{Name: name, CapacityRange: &csi.CapacityRange{RequiredBytes: size}, VolumeCapabilities: caps}
 }
@@ -110,28 +97,28 @@ func TestCreateVolume(t *testing.T) {
 		code     codes.Code
 		wantSize int64
 	}{
-		{name: "default size when no range", req: &csi.CreateVolumeRequest{Name: "v", VolumeCapabilities: []*csi.VolumeCapability{mountCap(snw, "")}}, wantSize: DefaultVolumeSize},
+		{name: "default size when no range", req: &csi.CreateVolumeRequest{Name: "v", VolumeCapabilities: []*csi.VolumeCapability{volspectest.Mount("", snw)}}, wantSize: DefaultVolumeSize},
 		{name: "rounded up to a MiB", req: createReq("v", 20*mib+1), wantSize: 21 * mib},
 		{name: "raised to the ext4 minimum", req: createReq("v", 1), wantSize: 16 * mib},
-		{name: "raised to the xfs minimum", req: createReq("v", mib, mountCap(snw, "xfs")), wantSize: 300 * mib},
-		{name: "block volumes may be small", req: createReq("v", 1, blockCap(snw)), wantSize: mib},
-		{name: "limit below xfs minimum", req: &csi.CreateVolumeRequest{Name: "v", CapacityRange: &csi.CapacityRange{LimitBytes: 100 * mib}, VolumeCapabilities: []*csi.VolumeCapability{mountCap(snw, "xfs")}}, code: codes.OutOfRange},
+		{name: "raised to the xfs minimum", req: createReq("v", mib, volspectest.Mount("xfs", snw)), wantSize: 300 * mib},
+		{name: "block volumes may be small", req: createReq("v", 1, volspectest.Block(snw)), wantSize: mib},
+		{name: "limit below xfs minimum", req: &csi.CreateVolumeRequest{Name: "v", CapacityRange: &csi.CapacityRange{LimitBytes: 100 * mib}, VolumeCapabilities: []*csi.VolumeCapability{volspectest.Mount("xfs", snw)}}, code: codes.OutOfRange},
 		{name: "huge size", req: createReq("v", 1<<62), code: codes.OutOfRange},
 		{name: "larger than the pool filesystem", req: createReq("v", 1<<49), code: codes.OutOfRange},
 		{name: "negative size", req: createReq("v", -1), code: codes.InvalidArgument},
-		{name: "required above limit", req: &csi.CreateVolumeRequest{Name: "v", CapacityRange: &csi.CapacityRange{RequiredBytes: 2 * gib, LimitBytes: gib}, VolumeCapabilities: []*csi.VolumeCapability{mountCap(snw, "")}}, code: codes.InvalidArgument},
+		{name: "required above limit", req: &csi.CreateVolumeRequest{Name: "v", CapacityRange: &csi.CapacityRange{RequiredBytes: 2 * gib, LimitBytes: gib}, VolumeCapabilities: []*csi.VolumeCapability{volspectest.Mount("", snw)}}, code: codes.InvalidArgument},
 		{name: "no name", req: createReq("", gib), code: codes.InvalidArgument},
 		{name: "10000-byte name", req: createReq(strings.Repeat("n", 10000), gib), code: codes.InvalidArgument},
 		{name: "NUL in name", req: createReq("a\x00b", gib), code: codes.InvalidArgument},
 		{name: "name with dots and slashes is only hashed", req: createReq("../../etc/passwd", 16*mib), wantSize: 16 * mib},
 		{name: "no capabilities", req: &csi.CreateVolumeRequest{Name: "v"}, code: codes.InvalidArgument},
-		{name: "unknown access mode", req: createReq("v", gib, mountCap(csi.VolumeCapability_AccessMode_Mode(99), "")), code: codes.InvalidArgument},
-		{name: "UNKNOWN access mode", req: createReq("v", gib, mountCap(csi.VolumeCapability_AccessMode_UNKNOWN, "")), code: codes.InvalidArgument},
+		{name: "unknown access mode", req: createReq("v", gib, volspectest.Mount("", csi.VolumeCapability_AccessMode_Mode(99))), code: codes.InvalidArgument},
+		{name: "UNKNOWN access mode", req: createReq("v", gib, volspectest.Mount("", csi.VolumeCapability_AccessMode_UNKNOWN)), code: codes.InvalidArgument},
 		{name: "no access type", req: createReq("v", gib, &csi.VolumeCapability{AccessMode: &csi.VolumeCapability_AccessMode{Mode: snw}}), code: codes.InvalidArgument},
-		{name: "unsupported filesystem", req: createReq("v", gib, mountCap(snw, "btrfs")), code: codes.InvalidArgument},
-		{name: "multi-node writable mount", req: createReq("v", gib, mountCap(mnmw, "ext4")), code: codes.InvalidArgument},
-		{name: "multi-node writable block", req: createReq("v", gib, blockCap(mnmw)), wantSize: gib},
-		{name: "block and mount mixed", req: createReq("v", gib, blockCap(snw), mountCap(snw, "")), code: codes.InvalidArgument},
+		{name: "unsupported filesystem", req: createReq("v", gib, volspectest.Mount("btrfs", snw)), code: codes.InvalidArgument},
+		{name: "multi-node writable mount", req: createReq("v", gib, volspectest.Mount("ext4", mnmw)), code: codes.InvalidArgument},
+		{name: "multi-node writable block", req: createReq("v", gib, volspectest.Block(mnmw)), wantSize: gib},
+		{name: "block and mount mixed", req: createReq("v", gib, volspectest.Block(snw), volspectest.Mount("", snw)), code: codes.InvalidArgument},
 		{name: "unknown parameter", req: func() *csi.CreateVolumeRequest {
 			r := createReq("v", gib)
 			r.Parameters = map[string]string{"poool": "a"}
@@ -189,7 +176,7 @@ func TestCreateVolumeIsIdempotent(t *testing.T) {
 	}
 	_, err = f.s.CreateVolume(ctx(t), createReq("pvc-1", 64*mib))
 	wantCode(t, err, codes.AlreadyExists)
-	_, err = f.s.CreateVolume(ctx(t), createReq("pvc-1", 32*mib, blockCap(snw)))
+	_, err = f.s.CreateVolume(ctx(t), createReq("pvc-1", 32*mib, volspectest.Block(snw)))
 	wantCode(t, err, codes.AlreadyExists)
 }
 
@@ -237,14 +224,14 @@ func TestPublishFencing(t *testing.T) {
 		call func() error
 		code codes.Code
 	}{
-		{name: "publish to node A", call: func() error { return pub("node-a", false, mountCap(snw, "ext4")) }},
-		{name: "publish to node A again", call: func() error { return pub("node-a", false, mountCap(snw, "ext4")) }},
-		{name: "read-only re-publish is incompatible", call: func() error { return pub("node-a", true, mountCap(snw, "ext4")) }, code: codes.AlreadyExists},
-		{name: "single-node volume to node B", call: func() error { return pub("node-b", false, mountCap(snw, "ext4")) }, code: codes.FailedPrecondition},
-		{name: "unknown node", call: func() error { return pub("node-x", false, mountCap(snw, "ext4")) }, code: codes.NotFound},
-		{name: "node ID with a slash", call: func() error { return pub("../node-a", false, mountCap(snw, "ext4")) }, code: codes.NotFound},
-		{name: "as block", call: func() error { return pub("node-a", false, blockCap(snw)) }, code: codes.InvalidArgument},
-		{name: "widen to multi-node at publish", call: func() error { return pub("node-b", true, mountCap(mnro, "ext4")) }, code: codes.InvalidArgument},
+		{name: "publish to node A", call: func() error { return pub("node-a", false, volspectest.Mount("ext4", snw)) }},
+		{name: "publish to node A again", call: func() error { return pub("node-a", false, volspectest.Mount("ext4", snw)) }},
+		{name: "read-only re-publish is incompatible", call: func() error { return pub("node-a", true, volspectest.Mount("ext4", snw)) }, code: codes.AlreadyExists},
+		{name: "single-node volume to node B", call: func() error { return pub("node-b", false, volspectest.Mount("ext4", snw)) }, code: codes.FailedPrecondition},
+		{name: "unknown node", call: func() error { return pub("node-x", false, volspectest.Mount("ext4", snw)) }, code: codes.NotFound},
+		{name: "node ID with a slash", call: func() error { return pub("../node-a", false, volspectest.Mount("ext4", snw)) }, code: codes.NotFound},
+		{name: "as block", call: func() error { return pub("node-a", false, volspectest.Block(snw)) }, code: codes.InvalidArgument},
+		{name: "widen to multi-node at publish", call: func() error { return pub("node-b", true, volspectest.Mount("ext4", mnro)) }, code: codes.InvalidArgument},
 		{name: "delete while attached", call: func() error {
 			_, err := f.s.DeleteVolume(c, &csi.DeleteVolumeRequest{VolumeId: id})
 			return err
@@ -253,7 +240,7 @@ func TestPublishFencing(t *testing.T) {
 			_, err := f.s.ControllerUnpublishVolume(c, &csi.ControllerUnpublishVolumeRequest{VolumeId: id, NodeId: "node-a"})
 			return err
 		}},
-		{name: "now node B", call: func() error { return pub("node-b", false, mountCap(snw, "ext4")) }},
+		{name: "now node B", call: func() error { return pub("node-b", false, volspectest.Mount("ext4", snw)) }},
 		{name: "unpublish from all", call: func() error {
 			_, err := f.s.ControllerUnpublishVolume(c, &csi.ControllerUnpublishVolumeRequest{VolumeId: id})
 			return err
@@ -266,7 +253,7 @@ func TestPublishFencing(t *testing.T) {
 			_, err := f.s.DeleteVolume(c, &csi.DeleteVolumeRequest{VolumeId: id})
 			return err
 		}},
-		{name: "publish deleted volume", call: func() error { return pub("node-a", false, mountCap(snw, "ext4")) }, code: codes.NotFound},
+		{name: "publish deleted volume", call: func() error { return pub("node-a", false, volspectest.Mount("ext4", snw)) }, code: codes.NotFound},
 	}
 	for _, st := range steps {
 		if err := st.call(); status.Code(err) != st.code {
@@ -289,7 +276,7 @@ func TestPublishNodeLimitAndSharing(t *testing.T) {
 		ids = append(ids, v.Volume.VolumeId)
 	}
 	for i, id := range ids {
-		_, err := f.s.ControllerPublishVolume(c, &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: "node-a", VolumeCapability: mountCap(snw, "")})
+		_, err := f.s.ControllerPublishVolume(c, &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: "node-a", VolumeCapability: volspectest.Mount("", snw)})
 		if i < 2 {
 			wantCode(t, err, codes.OK)
 		} else {
@@ -297,12 +284,12 @@ func TestPublishNodeLimitAndSharing(t *testing.T) {
 		}
 	}
 	// Read-only sharing of a multi-reader volume; a writer is refused.
-	ro, err := f.s.CreateVolume(c, createReq("shared", 16*mib, mountCap(mnro, "")))
+	ro, err := f.s.CreateVolume(c, createReq("shared", 16*mib, volspectest.Mount("", mnro)))
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, node := range []string{"node-b", "node-a"} {
-		_, err := f.s.ControllerPublishVolume(c, &csi.ControllerPublishVolumeRequest{VolumeId: ro.Volume.VolumeId, NodeId: node, Readonly: true, VolumeCapability: mountCap(mnro, "")})
+		_, err := f.s.ControllerPublishVolume(c, &csi.ControllerPublishVolumeRequest{VolumeId: ro.Volume.VolumeId, NodeId: node, Readonly: true, VolumeCapability: volspectest.Mount("", mnro)})
 		if node == "node-a" {
 			wantCode(t, err, codes.ResourceExhausted) // node-a is full
 		} else {
@@ -310,15 +297,15 @@ func TestPublishNodeLimitAndSharing(t *testing.T) {
 		}
 	}
 	f.addNode(t, "a", "node-c", 0)
-	_, err = f.s.ControllerPublishVolume(c, &csi.ControllerPublishVolumeRequest{VolumeId: ro.Volume.VolumeId, NodeId: "node-c", Readonly: false, VolumeCapability: mountCap(mnro, "")})
+	_, err = f.s.ControllerPublishVolume(c, &csi.ControllerPublishVolumeRequest{VolumeId: ro.Volume.VolumeId, NodeId: "node-c", Readonly: false, VolumeCapability: volspectest.Mount("", mnro)})
 	wantCode(t, err, codes.FailedPrecondition)
 	// Multi-writer block volumes go to many nodes.
-	blk, err := f.s.CreateVolume(c, createReq("blk", mib, blockCap(mnmw)))
+	blk, err := f.s.CreateVolume(c, createReq("blk", mib, volspectest.Block(mnmw)))
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, node := range []string{"node-b", "node-c"} {
-		_, err := f.s.ControllerPublishVolume(c, &csi.ControllerPublishVolumeRequest{VolumeId: blk.Volume.VolumeId, NodeId: node, VolumeCapability: blockCap(mnmw)})
+		_, err := f.s.ControllerPublishVolume(c, &csi.ControllerPublishVolumeRequest{VolumeId: blk.Volume.VolumeId, NodeId: node, VolumeCapability: volspectest.Block(mnmw)})
 		wantCode(t, err, codes.OK)
 	}
 	got, err := f.s.ControllerGetVolume(c, &csi.ControllerGetVolumeRequest{VolumeId: blk.Volume.VolumeId})
@@ -333,9 +320,9 @@ func TestBadVolumeIDs(t *testing.T) {
 	c := ctx(t)
 	for _, id := range []string{"..", "a/../../etc", "a.\x00", strings.Repeat("x", 10000), "a." + strings.Repeat("0", 31) + "/", "b.0123456789abcdef0123456789abcdef"} {
 		t.Run(strings.ToValidUTF8(id[:min(len(id), 20)], "?"), func(t *testing.T) {
-			_, err := f.s.ControllerPublishVolume(c, &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: "node-a", VolumeCapability: mountCap(snw, "")})
+			_, err := f.s.ControllerPublishVolume(c, &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: "node-a", VolumeCapability: volspectest.Mount("", snw)})
 			wantCode(t, err, codes.NotFound)
-			_, err = f.s.ValidateVolumeCapabilities(c, &csi.ValidateVolumeCapabilitiesRequest{VolumeId: id, VolumeCapabilities: []*csi.VolumeCapability{mountCap(snw, "")}})
+			_, err = f.s.ValidateVolumeCapabilities(c, &csi.ValidateVolumeCapabilitiesRequest{VolumeId: id, VolumeCapabilities: []*csi.VolumeCapability{volspectest.Mount("", snw)}})
 			wantCode(t, err, codes.NotFound)
 			_, err = f.s.ControllerExpandVolume(c, &csi.ControllerExpandVolumeRequest{VolumeId: id, CapacityRange: &csi.CapacityRange{RequiredBytes: gib}})
 			wantCode(t, err, codes.NotFound)

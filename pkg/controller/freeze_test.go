@@ -14,6 +14,7 @@ import (
 	"github.com/loopvol/loopvol/pkg/loop"
 	"github.com/loopvol/loopvol/pkg/loop/looptest"
 	"github.com/loopvol/loopvol/pkg/pool"
+	"github.com/loopvol/loopvol/pkg/volspec/volspectest"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 )
@@ -47,7 +48,7 @@ func frozen(t *testing.T, dir string) bool {
 func mountedVolume(t *testing.T, s *Server, p *pool.Pool, name, fsType string) (volumeID, dir string) {
 	t.Helper()
 	c := ctx(t)
-	resp, err := s.CreateVolume(c, createReq(name, 320*mib, mountCap(snw, fsType)))
+	resp, err := s.CreateVolume(c, createReq(name, 320*mib, volspectest.Mount(fsType, snw)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -134,7 +135,7 @@ func TestFreezeAroundSnapshot(t *testing.T) {
 	// A volume attached but not mounted (raw block) is not frozen and
 	// snapshots as before.
 	t.Run("block", func(t *testing.T) {
-		resp, err := s.CreateVolume(c, createReq("pvc-freeze-block", 4*mib, blockCap(snw)))
+		resp, err := s.CreateVolume(c, createReq("pvc-freeze-block", 4*mib, volspectest.Block(snw)))
 		if err != nil {
 			t.Fatal(err)
 		}

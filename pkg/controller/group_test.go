@@ -10,6 +10,7 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/loopvol/loopvol/pkg/pool"
+	"github.com/loopvol/loopvol/pkg/volspec/volspectest"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 )
@@ -28,7 +29,7 @@ func (f *fixture) volumes(t *testing.T, poolName, prefix string, n int) []string
 	t.Helper()
 	var ids []string
 	for i := range n {
-		req := createReq(prefix+string(rune('a'+i)), 4*mib, blockCap(snw))
+		req := createReq(prefix+string(rune('a'+i)), 4*mib, volspectest.Block(snw))
 		req.Parameters = map[string]string{"pool": poolName}
 		resp, err := f.s.CreateVolume(ctx(t), req)
 		if err != nil {
@@ -105,7 +106,7 @@ func TestGroupSnapshotLifecycle(t *testing.T) {
 		}
 		_, err = f.s.DeleteSnapshot(c, &csi.DeleteSnapshotRequest{SnapshotId: members[0]})
 		wantCode(t, err, codes.InvalidArgument)
-		restored, err := f.s.CreateVolume(c, fromSnapshot(createReq("pvc-restored", 4*mib, blockCap(snw)), members[2]))
+		restored, err := f.s.CreateVolume(c, fromSnapshot(createReq("pvc-restored", 4*mib, volspectest.Block(snw)), members[2]))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/loopvol/loopvol/pkg/pool"
+	"github.com/loopvol/loopvol/pkg/volspec/volspectest"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 )
@@ -137,7 +138,7 @@ func TestModifyPreallocate(t *testing.T) {
 
 	// Thin → thick, twice (the second is a no-op), while attached.
 	f.addNode(t, "p1", "n1", 0)
-	if _, err := f.s.ControllerPublishVolume(c, &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: "n1", VolumeCapability: mountCap(snw, "ext4")}); err != nil {
+	if _, err := f.s.ControllerPublishVolume(c, &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: "n1", VolumeCapability: volspectest.Mount("ext4", snw)}); err != nil {
 		t.Fatal(err)
 	}
 	for range 2 {

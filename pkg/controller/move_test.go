@@ -11,6 +11,7 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/loopvol/loopvol/pkg/pool"
+	"github.com/loopvol/loopvol/pkg/volspec/volspectest"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -138,7 +139,7 @@ func TestModifyVolumeMovesBetweenPools(t *testing.T) {
 	// Attached: refused, naming the node, nothing changed.
 	f.addNode(t, "slow", "node-1", 0)
 	f.addNode(t, "fast", "node-1", 0)
-	if _, err := f.s.ControllerPublishVolume(c, &csi.ControllerPublishVolumeRequest{VolumeId: id.String(), NodeId: "node-1", VolumeCapability: mountCap(snw, "ext4")}); err != nil {
+	if _, err := f.s.ControllerPublishVolume(c, &csi.ControllerPublishVolumeRequest{VolumeId: id.String(), NodeId: "node-1", VolumeCapability: volspectest.Mount("ext4", snw)}); err != nil {
 		t.Fatal(err)
 	}
 	err = modifyPool(t, f, id, "slow")
@@ -333,7 +334,7 @@ func TestModifyMoveCrashes(t *testing.T) {
 					f.addNode(t, "slow", "node-1", 0)
 					f.addNode(t, "fast", "node-1", 0)
 					c := ctx(t)
-					if _, err := s.ControllerPublishVolume(c, &csi.ControllerPublishVolumeRequest{VolumeId: id.String(), NodeId: "node-1", VolumeCapability: mountCap(snw, "ext4")}); err != nil {
+					if _, err := s.ControllerPublishVolume(c, &csi.ControllerPublishVolumeRequest{VolumeId: id.String(), NodeId: "node-1", VolumeCapability: volspectest.Mount("ext4", snw)}); err != nil {
 						t.Fatal(err)
 					}
 					if _, err := s.ControllerUnpublishVolume(c, &csi.ControllerUnpublishVolumeRequest{VolumeId: id.String(), NodeId: "node-1"}); err != nil {
@@ -365,7 +366,7 @@ func TestModifyMoveHoldsTheVolume(t *testing.T) {
 	id := newMoveVolume(t, f, "pvc-held", "slow")
 	var seen []string
 	f.s.afterMoveStep = func(step pool.MoveStep) error {
-		_, err := f.s.ControllerPublishVolume(c, &csi.ControllerPublishVolumeRequest{VolumeId: id.String(), NodeId: "node-1", VolumeCapability: mountCap(snw, "ext4")})
+		_, err := f.s.ControllerPublishVolume(c, &csi.ControllerPublishVolumeRequest{VolumeId: id.String(), NodeId: "node-1", VolumeCapability: volspectest.Mount("ext4", snw)})
 		if status.Code(err) != codes.Aborted {
 			t.Errorf("publish during the move (after %s) = %v, want ABORTED", step, err)
 		}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/loopvol/loopvol/pkg/pool"
+	"github.com/loopvol/loopvol/pkg/volspec/volspectest"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -69,7 +70,7 @@ func TestTwoControllersKeepTheNodeLimit(t *testing.T) {
 		t.Run(fmt.Sprintf("%d pools", len(pools)), func(t *testing.T) {
 			ctrls := sharedControllers(t, pools, 2, "n1", limit)
 			c := ctx(t)
-			cap := blockCap(snw)
+			cap := volspectest.Block(snw)
 			var ids []string
 			for i := 0; i < 2*limit; i++ {
 				req := createReq(fmt.Sprintf("v-%d", i), 4*mib, cap)
@@ -123,7 +124,7 @@ func TestTwoControllersKeepTheNodeLimit(t *testing.T) {
 func TestNodeLockBounded(t *testing.T) {
 	ctrls := sharedControllers(t, []string{"shared"}, 2, "n1", 8)
 	c := ctx(t)
-	cap := blockCap(snw)
+	cap := volspectest.Block(snw)
 	var ids []string
 	for i := 0; i < 2; i++ {
 		resp, err := ctrls[0].CreateVolume(c, createReq(fmt.Sprintf("v-%d", i), 4*mib, cap))

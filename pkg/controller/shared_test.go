@@ -11,6 +11,7 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/loopvol/loopvol/pkg/loop/looptest"
 	"github.com/loopvol/loopvol/pkg/pool"
+	"github.com/loopvol/loopvol/pkg/volspec/volspectest"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -61,7 +62,7 @@ func TestTwoControllersCreateSameNames(t *testing.T) {
 				for r := 0; r < rounds; r++ {
 					for n := 0; n < names; n++ {
 						name := fmt.Sprintf("pvc-%d", n)
-						resp, err := s.CreateVolume(c, createReq(name, 4*mib, blockCap(snw)))
+						resp, err := s.CreateVolume(c, createReq(name, 4*mib, volspectest.Block(snw)))
 						if status.Code(err) == codes.Aborted {
 							continue // the other one is creating it: retry later, as a CO does
 						}
@@ -117,7 +118,7 @@ func TestParallelCreatesKeepTheReserve(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_, err := ctrls[i%2].CreateVolume(c, createReq(fmt.Sprintf("v-%d", i), 4*mib, blockCap(snw)))
+			_, err := ctrls[i%2].CreateVolume(c, createReq(fmt.Sprintf("v-%d", i), 4*mib, volspectest.Block(snw)))
 			mu.Lock()
 			defer mu.Unlock()
 			switch status.Code(err) {
@@ -154,7 +155,7 @@ func TestDeleteWithUnreadableRecord(t *testing.T) {
 	f.addNode(t, "a", "n1", 0)
 	c := ctx(t)
 	p := f.pools["a"]
-	cap := mountCap(snw, "ext4")
+	cap := volspectest.Mount("ext4", snw)
 	resp, err := f.s.CreateVolume(c, createReq("in-use", 16*mib, cap))
 	if err != nil {
 		t.Fatal(err)

@@ -6,6 +6,7 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/loopvol/loopvol/pkg/pool"
 	"github.com/loopvol/loopvol/pkg/volspec"
+	"github.com/loopvol/loopvol/pkg/volspec/volspectest"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
 )
@@ -147,7 +148,7 @@ func TestSnapshotLifecycle(t *testing.T) {
 	_, err = f.s.CreateVolume(c, small)
 	wantCode(t, err, codes.OutOfRange)
 	// Another filesystem than the source's: INVALID_ARGUMENT.
-	_, err = f.s.CreateVolume(c, fromSnapshot(createReq("xfs", 400<<20, mountCap(snw, "xfs")), ids[0]))
+	_, err = f.s.CreateVolume(c, fromSnapshot(createReq("xfs", 400<<20, volspectest.Mount("xfs", snw)), ids[0]))
 	wantCode(t, err, codes.InvalidArgument)
 
 	for _, id := range ids {

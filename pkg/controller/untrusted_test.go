@@ -8,6 +8,7 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/loopvol/loopvol/pkg/pool"
+	"github.com/loopvol/loopvol/pkg/volspec/volspectest"
 	"google.golang.org/grpc/codes"
 )
 
@@ -22,7 +23,7 @@ func hostile(t *testing.T, f *fixture, p *pool.Pool) map[string]string {
 		t.Fatal(err)
 	}
 	for _, kind := range []string{"good", "symlinked image", "FIFO record", "directory record", "oversized record"} {
-		resp, err := f.s.CreateVolume(c, createReq(kind, 16*mib, blockCap(snw)))
+		resp, err := f.s.CreateVolume(c, createReq(kind, 16*mib, volspectest.Block(snw)))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -87,7 +88,7 @@ func TestHostilePoolEntries(t *testing.T) {
 	}
 	// Publishing a volume whose record is a FIFO answers at once and
 	// releases the volume lock.
-	cap := blockCap(snw)
+	cap := volspectest.Block(snw)
 	for i := 0; i < 2; i++ {
 		_, err = f.s.ControllerPublishVolume(c, &csi.ControllerPublishVolumeRequest{VolumeId: ids["FIFO record"], NodeId: "n1", VolumeCapability: cap})
 		wantCode(t, err, codes.Internal)

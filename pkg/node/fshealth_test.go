@@ -10,6 +10,7 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 
 	"github.com/loopvol/loopvol/pkg/pool"
+	"github.com/loopvol/loopvol/pkg/volspec/volspectest"
 )
 
 // healthReasons returns the reasons NodeGetVolumeHealth reports, each with
@@ -80,7 +81,7 @@ func TestRealFilesystemHealth(t *testing.T) {
 			requireTool(t, "mkfs."+tc.fsType)
 			f := newRealFixture(t)
 			id := f.volumeOfSize("health-"+tc.fsType, pool.AccessMount, tc.fsType, 400*mib, pool.Attachment{Node: testNode})
-			stage := f.stageReq(id, mountCap(tc.fsType, snw, tc.flags...))
+			stage := f.stageReq(id, volspectest.Mount(tc.fsType, snw, tc.flags...))
 			f.stage(stage)
 			if got := f.healthReasons(id, stage.StagingTargetPath); len(got) != 0 {
 				t.Fatalf("a healthy volume reports %v", got)
@@ -112,7 +113,7 @@ func TestRealImageHealth(t *testing.T) {
 	})
 	t.Run("replaced under its loop device", func(t *testing.T) {
 		id := f.volumeOfSize("replaced", pool.AccessBlock, "", 16*mib, pool.Attachment{Node: testNode})
-		stage := f.stageReq(id, blockCap(snw))
+		stage := f.stageReq(id, volspectest.Block(snw))
 		f.stage(stage)
 		image := f.pool.ImagePath(id)
 		// Another file renamed over the image: the device keeps the old one.

@@ -16,6 +16,7 @@ import (
 
 	"github.com/loopvol/loopvol/pkg/pool"
 	"github.com/loopvol/loopvol/pkg/volspec"
+	"github.com/loopvol/loopvol/pkg/volspec/volspectest"
 )
 
 // TestUnpublishLeavesWhatIsNotItsOwn: NodeUnpublishVolume with a target
@@ -27,8 +28,8 @@ func TestUnpublishLeavesWhatIsNotItsOwn(t *testing.T) {
 	f := newFixture(t)
 	a := f.volume("a", pool.AccessMount, "", pool.Attachment{Node: testNode})
 	b := f.volume("b", pool.AccessMount, "", pool.Attachment{Node: testNode})
-	_, pubA := f.stageAndPublish(a, mountCap("", snw), "a")
-	f.stageAndPublish(b, mountCap("", snw), "b")
+	_, pubA := f.stageAndPublish(a, volspectest.Mount("", snw), "a")
+	f.stageAndPublish(b, volspectest.Mount("", snw), "b")
 
 	link := f.path("pods", "link")
 	if err := os.Symlink(pubA.TargetPath, link); err != nil {
@@ -108,7 +109,7 @@ func TestReadOnlyCannotBeUndoneByAFlag(t *testing.T) {
 	rw := f.volume("rw", pool.AccessMount, "", pool.Attachment{Node: testNode})
 	roAtt := f.volume("ro-attachment", pool.AccessMount, "", pool.Attachment{Node: testNode, ReadOnly: true})
 	f.exec.formatted["/dev/loop0"] = "ext4"
-	stage, _ := f.stageAndPublish(rw, mountCap("", snw), "first")
+	stage, _ := f.stageAndPublish(rw, volspectest.Mount("", snw), "first")
 	mountsBefore := len(f.mounter.GetLog())
 
 	publish := func(id pool.VolumeID, c *csi.VolumeCapability, target string, readonly bool) error {
@@ -122,12 +123,12 @@ func TestReadOnlyCannotBeUndoneByAFlag(t *testing.T) {
 		name string
 		err  error
 	}{
-		{name: "readonly publish with rw", err: publish(rw, mountCap("", snw, "rw"), "p1", true)},
-		{name: "readonly publish with rw after ro", err: publish(rw, mountCap("", snw, "ro", "rw"), "p2", true)},
-		{name: "reader-only mode with rw", err: publish(rw, mountCap("", mnro, "noatime", "rw"), "p3", false)},
-		{name: "writable publish with ro", err: publish(rw, mountCap("", snw, "ro"), "p4", false)},
+		{name: "readonly publish with rw", err: publish(rw, volspectest.Mount("", snw, "rw"), "p1", true)},
+		{name: "readonly publish with rw after ro", err: publish(rw, volspectest.Mount("", snw, "ro", "rw"), "p2", true)},
+		{name: "reader-only mode with rw", err: publish(rw, volspectest.Mount("", mnro, "noatime", "rw"), "p3", false)},
+		{name: "writable publish with ro", err: publish(rw, volspectest.Mount("", snw, "ro"), "p4", false)},
 		{name: "read-only attachment staged with rw", err: func() error {
-			_, err := f.srv.NodeStageVolume(f.ctx, f.stageReq(roAtt, mountCap("", snw, "rw")))
+			_, err := f.srv.NodeStageVolume(f.ctx, f.stageReq(roAtt, volspectest.Mount("", snw, "rw")))
 			return err
 		}()},
 	} {
@@ -137,7 +138,7 @@ func TestReadOnlyCannotBeUndoneByAFlag(t *testing.T) {
 		t.Errorf("refused requests mounted: %+v", log[mountsBefore:])
 	}
 	// ro with a read-only publish is accepted, and the mount is read-only.
-	if err := publish(rw, mountCap("", snw, "ro", "noatime"), "p5", true); err != nil {
+	if err := publish(rw, volspectest.Mount("", snw, "ro", "noatime"), "p5", true); err != nil {
 		t.Fatal(err)
 	}
 	if mps := f.mountsAt(f.path("pods", "p5")); len(mps) != 1 || !slices.Contains(mps[0].Opts, "ro") {
@@ -185,7 +186,7 @@ func TestMountFlagsAllowlist(t *testing.T) {
 		{id: x, flag: "logdev=/dev/sda"},
 	} {
 		t.Run(tc.flag, func(t *testing.T) {
-			_, err := f.srv.NodeStageVolume(f.ctx, f.stageReq(tc.id, mountCap("", snw, "noatime", tc.flag)))
+			_, err := f.srv.NodeStageVolume(f.ctx, f.stageReq(tc.id, volspectest.Mount("", snw, "noatime", tc.flag)))
 			wantCode(t, err, codes.InvalidArgument)
 			if msg := status.Convert(err).Message(); !strings.Contains(msg, strconv.Quote(tc.flag)) {
 				t.Errorf("message %q does not name %q", msg, tc.flag)
@@ -197,7 +198,7 @@ func TestMountFlagsAllowlist(t *testing.T) {
 	}
 	// What is accepted reaches the mount as given.
 	accepted := []string{"noatime", "nodev", "nosuid", "noexec", "lazytime", "data=ordered", "commit=30", "errors=remount-ro", `context="system_u:object_r:container_file_t:s0:c1,c2"`}
-	if _, err := f.srv.NodeStageVolume(f.ctx, f.stageReq(e4, mountCap("", snw, accepted...))); err != nil {
+	if _, err := f.srv.NodeStageVolume(f.ctx, f.stageReq(e4, volspectest.Mount("", snw, accepted...))); err != nil {
 		t.Fatalf("NodeStageVolume with %v: %v", accepted, err)
 	}
 	mps := f.mountsAt(f.stageReq(e4, nil).StagingTargetPath)

@@ -11,6 +11,7 @@ import (
 	mount "k8s.io/mount-utils"
 
 	"github.com/loopvol/loopvol/pkg/pool"
+	"github.com/loopvol/loopvol/pkg/volspec/volspectest"
 )
 
 func TestMountLifecycleIsIdempotent(t *testing.T) {
@@ -18,7 +19,7 @@ func TestMountLifecycleIsIdempotent(t *testing.T) {
 		t.Run("fsType="+fsType, func(t *testing.T) {
 			f := newFixture(t)
 			id := f.volume("vol", pool.AccessMount, fsType, pool.Attachment{Node: testNode})
-			c := mountCap(fsType, snw, "noatime")
+			c := volspectest.Mount(fsType, snw, "noatime")
 			stage, publish := f.stageReq(id, c), f.publishReq(id, c, "pod1")
 
 			for i := range 2 {
@@ -94,7 +95,7 @@ func TestMountLifecycleIsIdempotent(t *testing.T) {
 func TestBlockLifecycle(t *testing.T) {
 	f := newFixture(t)
 	id := f.volume("raw", pool.AccessBlock, "", pool.Attachment{Node: testNode})
-	c := blockCap(snw)
+	c := volspectest.Block(snw)
 	stage, publish := f.stageReq(id, c), f.publishReq(id, c, "pod1/dev")
 
 	for range 2 {
@@ -142,7 +143,7 @@ func TestBlockLifecycle(t *testing.T) {
 func TestPathsMountedFromElsewhere(t *testing.T) {
 	f := newFixture(t)
 	id := f.volume("vol", pool.AccessMount, "", pool.Attachment{Node: testNode})
-	c := mountCap("", snw)
+	c := volspectest.Mount("", snw)
 	stage, publish := f.stageReq(id, c), f.publishReq(id, c, "pod1")
 	foreign := mount.MountPoint{Device: "/dev/foreign", Path: publish.TargetPath, Type: "ext4"}
 
@@ -174,7 +175,7 @@ func TestPathsMountedFromElsewhere(t *testing.T) {
 func TestSingleWriterRefusesSecondTarget(t *testing.T) {
 	f := newFixture(t)
 	id := f.volume("sw", pool.AccessMount, "", pool.Attachment{Node: testNode})
-	c := mountCap("", snsw)
+	c := volspectest.Mount("", snsw)
 	if _, err := f.srv.NodeStageVolume(f.ctx, f.stageReq(id, c)); err != nil {
 		t.Fatal(err)
 	}
@@ -185,7 +186,7 @@ func TestSingleWriterRefusesSecondTarget(t *testing.T) {
 	wantCode(t, err, codes.FailedPrecondition)
 	// A multi-writer volume may have two targets on this node.
 	mw := f.volume("mw", pool.AccessMount, "", pool.Attachment{Node: testNode})
-	mc := mountCap("", csi.VolumeCapability_AccessMode_SINGLE_NODE_MULTI_WRITER)
+	mc := volspectest.Mount("", csi.VolumeCapability_AccessMode_SINGLE_NODE_MULTI_WRITER)
 	if _, err := f.srv.NodeStageVolume(f.ctx, f.stageReq(mw, mc)); err != nil {
 		t.Fatal(err)
 	}
@@ -199,7 +200,7 @@ func TestSingleWriterRefusesSecondTarget(t *testing.T) {
 func TestReadOnlyAttachment(t *testing.T) {
 	f := newFixture(t)
 	id := f.volume("ro", pool.AccessMount, "", pool.Attachment{Node: testNode, ReadOnly: true})
-	c := mountCap("", mnro)
+	c := volspectest.Mount("", mnro)
 	f.exec.formatted["/dev/loop0"] = "ext4" // made earlier by a writer
 	if _, err := f.srv.NodeStageVolume(f.ctx, f.stageReq(id, c)); err != nil {
 		t.Fatal(err)
@@ -226,7 +227,7 @@ func TestBusyVolumeIsAborted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = f.srv.NodeStageVolume(f.ctx, f.stageReq(id, mountCap("", snw)))
+	_, err = f.srv.NodeStageVolume(f.ctx, f.stageReq(id, volspectest.Mount("", snw)))
 	wantCode(t, err, codes.Aborted)
 	_, err = f.srv.NodeUnpublishVolume(f.ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id.String(), TargetPath: f.path("pods", "x")})
 	wantCode(t, err, codes.Aborted)
@@ -234,7 +235,7 @@ func TestBusyVolumeIsAborted(t *testing.T) {
 	_, err = f.srv.NodeGetVolumeStats(f.ctx, &csi.NodeGetVolumeStatsRequest{VolumeId: id.String(), VolumePath: f.path("pods", "x")})
 	wantCode(t, err, codes.NotFound)
 	unlock()
-	if _, err := f.srv.NodeStageVolume(f.ctx, f.stageReq(id, mountCap("", snw))); err != nil {
+	if _, err := f.srv.NodeStageVolume(f.ctx, f.stageReq(id, volspectest.Mount("", snw))); err != nil {
 		t.Errorf("stage after unlock: %v", err)
 	}
 }
@@ -244,7 +245,7 @@ func TestBusyVolumeIsAborted(t *testing.T) {
 func TestRestartFindsState(t *testing.T) {
 	f := newFixture(t)
 	id := f.volume("vol", pool.AccessMount, "", pool.Attachment{Node: testNode})
-	stage, publish := f.stageAndPublish(id, mountCap("", snw), "pod1")
+	stage, publish := f.stageAndPublish(id, volspectest.Mount("", snw), "pod1")
 	restarted, err := New(f.cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -272,7 +273,7 @@ func TestRestartFindsState(t *testing.T) {
 func TestExpand(t *testing.T) {
 	f := newFixture(t)
 	id := f.volume("vol", pool.AccessMount, "", pool.Attachment{Node: testNode})
-	_, publish := f.stageAndPublish(id, mountCap("", snw), "pod1")
+	_, publish := f.stageAndPublish(id, volspectest.Mount("", snw), "pod1")
 	v, err := f.pool.ReadVolume(id)
 	if err != nil {
 		t.Fatal(err)
@@ -302,7 +303,7 @@ func TestExpand(t *testing.T) {
 func TestStatsAndHealth(t *testing.T) {
 	f := newFixture(t)
 	id := f.volume("vol", pool.AccessMount, "", pool.Attachment{Node: testNode})
-	stage, publish := f.stageAndPublish(id, mountCap("", snw), "pod1")
+	stage, publish := f.stageAndPublish(id, volspectest.Mount("", snw), "pod1")
 	stats, err := f.srv.NodeGetVolumeStats(f.ctx, &csi.NodeGetVolumeStatsRequest{VolumeId: id.String(), VolumePath: publish.TargetPath})
 	if err != nil {
 		t.Fatalf("NodeGetVolumeStats: %v", err)
@@ -372,7 +373,7 @@ func TestSELinuxMountOption(t *testing.T) {
 	const context = `context="system_u:object_r:container_file_t:s0:c12,c731"`
 	f := newFixture(t)
 	id := f.volume("vol", pool.AccessMount, "ext4", pool.Attachment{Node: testNode})
-	c := mountCap("ext4", snsw, context)
+	c := volspectest.Mount("ext4", snsw, context)
 	stage, publish := f.stageAndPublish(id, c, "pod1")
 	mps := f.mountsAt(stage.StagingTargetPath)
 	if len(mps) != 1 || !slices.Contains(mps[0].Opts, context) {

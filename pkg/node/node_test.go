@@ -142,20 +142,6 @@ func (f *fixture) mountsAt(path string) []mount.MountPoint {
 	return out
 }
 
-func mountCap(fsType string, mode csi.VolumeCapability_AccessMode_Mode, flags ...string) *csi.VolumeCapability {
-	return &csi.VolumeCapability{
-		AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{FsType: fsType, MountFlags: flags}},
-		AccessMode: &csi.VolumeCapability_AccessMode{Mode: mode},
-	}
-}
-
-func blockCap(mode csi.VolumeCapability_AccessMode_Mode) *csi.VolumeCapability {
-	return &csi.VolumeCapability{
-		AccessType: &csi.VolumeCapability_Block{Block: &csi.VolumeCapability_BlockVolume{}},
-		AccessMode: &csi.VolumeCapability_AccessMode{Mode: mode},
-	}
-}
-
 const (
 	snw  = csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER
 	snsw = csi.VolumeCapability_AccessMode_SINGLE_NODE_SINGLE_WRITER

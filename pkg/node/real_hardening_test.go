@@ -19,6 +19,7 @@ import (
 	mount "k8s.io/mount-utils"
 
 	"github.com/loopvol/loopvol/pkg/pool"
+	"github.com/loopvol/loopvol/pkg/volspec/volspectest"
 )
 
 // raceIterations is how many publish/unpublish rounds TestRealSymlinkRace
@@ -49,7 +50,7 @@ func testRealSymlinkRace(t *testing.T) {
 	outside := filepath.Join(filepath.Dir(f.kubelet), "outside")
 	unmountUnder(t, outside)
 	id := f.volumeOfSize("race", pool.AccessMount, "ext4", 64*mib, pool.Attachment{Node: testNode})
-	c := mountCap("ext4", csi.VolumeCapability_AccessMode_SINGLE_NODE_MULTI_WRITER)
+	c := volspectest.Mount("ext4", csi.VolumeCapability_AccessMode_SINGLE_NODE_MULTI_WRITER)
 	stage := &csi.NodeStageVolumeRequest{VolumeId: id.String(), StagingTargetPath: f.path("plugins", "vol", "globalmount"), VolumeCapability: c}
 	publish := &csi.NodePublishVolumeRequest{VolumeId: id.String(), StagingTargetPath: stage.StagingTargetPath,
 		TargetPath: f.path("pods", "pod", "mount"), VolumeCapability: c}
@@ -199,7 +200,7 @@ func TestRealUnpublishForeignTargets(t *testing.T) {
 	f := newRealFixture(t)
 	a := f.volumeOfSize("a", pool.AccessMount, "ext4", 64*mib, pool.Attachment{Node: testNode})
 	b := f.volumeOfSize("b", pool.AccessMount, "ext4", 64*mib, pool.Attachment{Node: testNode})
-	c := mountCap("ext4", snw)
+	c := volspectest.Mount("ext4", snw)
 	stageA, pubA := f.stageReq(a, c), f.publishReq(a, c, "a")
 	f.stage(stageA)
 	f.publish(pubA)
@@ -269,7 +270,7 @@ func testRealMountFlags(t *testing.T) {
 	f := newRealFixture(t)
 	id := f.volumeOfSize("flags", pool.AccessMount, "ext4", 64*mib, pool.Attachment{Node: testNode})
 	for _, flag := range []string{"loop", "X-mount.subdir=lost+found", "offset=4096", "errors=panic"} {
-		_, err := f.srv.NodeStageVolume(f.ctx, f.stageReq(id, mountCap("ext4", snw, flag)))
+		_, err := f.srv.NodeStageVolume(f.ctx, f.stageReq(id, volspectest.Mount("ext4", snw, flag)))
 		wantCode(t, err, codes.InvalidArgument)
 	}
 	if dev, ok, _ := f.cfg.Loop.Find(f.pool.ImagePath(id)); ok {
@@ -277,17 +278,17 @@ func testRealMountFlags(t *testing.T) {
 	}
 	f.checkGone(id)
 
-	c := mountCap("ext4", csi.VolumeCapability_AccessMode_SINGLE_NODE_MULTI_WRITER, "noatime", "nodev", "nosuid", "commit=30", "errors=remount-ro")
+	c := volspectest.Mount("ext4", csi.VolumeCapability_AccessMode_SINGLE_NODE_MULTI_WRITER, "noatime", "nodev", "nosuid", "commit=30", "errors=remount-ro")
 	stage := f.stageReq(id, c)
 	f.stage(stage)
-	ro := f.publishReq(id, mountCap("ext4", csi.VolumeCapability_AccessMode_SINGLE_NODE_MULTI_WRITER, "noatime", "nodev", "nosuid", "noexec", "rw"), "reader")
+	ro := f.publishReq(id, volspectest.Mount("ext4", csi.VolumeCapability_AccessMode_SINGLE_NODE_MULTI_WRITER, "noatime", "nodev", "nosuid", "noexec", "rw"), "reader")
 	ro.Readonly = true
 	_, err := f.srv.NodePublishVolume(f.ctx, ro)
 	wantCode(t, err, codes.InvalidArgument)
 	if _, err := os.Stat(ro.TargetPath); !os.IsNotExist(err) {
 		t.Errorf("a refused publish left %s: %v", ro.TargetPath, err)
 	}
-	ro.VolumeCapability = mountCap("ext4", csi.VolumeCapability_AccessMode_SINGLE_NODE_MULTI_WRITER, "noatime", "noexec", "ro")
+	ro.VolumeCapability = volspectest.Mount("ext4", csi.VolumeCapability_AccessMode_SINGLE_NODE_MULTI_WRITER, "noatime", "noexec", "ro")
 	f.publish(ro)
 	rw := f.publishReq(id, c, "writer")
 	f.publish(rw)

@@ -24,6 +24,7 @@ import (
 	"github.com/loopvol/loopvol/pkg/loop"
 	"github.com/loopvol/loopvol/pkg/loop/looptest"
 	"github.com/loopvol/loopvol/pkg/pool"
+	"github.com/loopvol/loopvol/pkg/volspec/volspectest"
 )
 
 // realFixture is a node server on real loop devices, mkfs and mounts. The
@@ -249,7 +250,7 @@ func TestRealMountVolume(t *testing.T) {
 			requireTool(t, "mkfs."+fsType)
 			f := newRealFixture(t)
 			id := f.volumeOfSize("data-"+fsType, pool.AccessMount, fsType, gib, pool.Attachment{Node: testNode})
-			c := mountCap(fsType, snw)
+			c := volspectest.Mount(fsType, snw)
 			stage, publish := f.stageReq(id, c), f.publishReq(id, c, "pod1")
 
 			stageTime := f.stage(stage)
@@ -364,7 +365,7 @@ func hasCapability(t *testing.T, c int) bool {
 func TestRealBlockVolume(t *testing.T) {
 	f := newRealFixture(t)
 	id := f.volumeOfSize("raw", pool.AccessBlock, "", 64*mib, pool.Attachment{Node: testNode})
-	c := blockCap(snw)
+	c := volspectest.Block(snw)
 	stage, publish := f.stageReq(id, c), f.publishReq(id, c, "pod1/dev")
 	f.stage(stage)
 	f.publish(publish)
@@ -409,7 +410,7 @@ func TestRealBlockVolume(t *testing.T) {
 func TestRealReadOnlyPublish(t *testing.T) {
 	f := newRealFixture(t)
 	id := f.volumeOfSize("ro", pool.AccessMount, "ext4", 64*mib, pool.Attachment{Node: testNode})
-	c := mountCap("ext4", csi.VolumeCapability_AccessMode_SINGLE_NODE_MULTI_WRITER)
+	c := volspectest.Mount("ext4", csi.VolumeCapability_AccessMode_SINGLE_NODE_MULTI_WRITER)
 	stage := f.stageReq(id, c)
 	rw, ro := f.publishReq(id, c, "writer"), f.publishReq(id, c, "reader")
 	ro.Readonly = true
@@ -435,7 +436,7 @@ func TestRealReadOnlyPublish(t *testing.T) {
 func TestRealForeignMount(t *testing.T) {
 	f := newRealFixture(t)
 	id := f.volumeOfSize("foreign", pool.AccessMount, "ext4", 64*mib, pool.Attachment{Node: testNode})
-	c := mountCap("ext4", snw)
+	c := volspectest.Mount("ext4", snw)
 	stage, publish := f.stageReq(id, c), f.publishReq(id, c, "pod1")
 	f.stage(stage)
 	if err := os.MkdirAll(publish.TargetPath, 0o750); err != nil {
@@ -461,7 +462,7 @@ func TestRealForeignMount(t *testing.T) {
 func TestRealRestart(t *testing.T) {
 	f := newRealFixture(t)
 	id := f.volumeOfSize("restart", pool.AccessMount, "ext4", 64*mib, pool.Attachment{Node: testNode})
-	c := mountCap("ext4", snw)
+	c := volspectest.Mount("ext4", snw)
 	stage, publish := f.stageReq(id, c), f.publishReq(id, c, "pod1")
 	f.stage(stage)
 	f.publish(publish)
@@ -557,7 +558,7 @@ func TestRealImageReplacedBySymlink(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			_, err = f.srv.NodeStageVolume(f.ctx, f.stageReq(id, mountCap("ext4", snw)))
+			_, err = f.srv.NodeStageVolume(f.ctx, f.stageReq(id, volspectest.Mount("ext4", snw)))
 			if err == nil {
 				t.Fatal("NodeStageVolume staged an image that is a " + how + " to a file outside the pool")
 			}

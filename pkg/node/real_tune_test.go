@@ -14,6 +14,7 @@ import (
 	"github.com/loopvol/loopvol/pkg/loop"
 	"github.com/loopvol/loopvol/pkg/loop/looptest"
 	"github.com/loopvol/loopvol/pkg/pool"
+	"github.com/loopvol/loopvol/pkg/volspec/volspectest"
 )
 
 // sysAttr reads /sys/block/loopN/<attr>.
@@ -79,13 +80,13 @@ func TestRealTuning(t *testing.T) {
 			f.t = t
 			defer func() { f.t = parent }()
 			var id pool.VolumeID
-			c := blockCap(snw)
+			c := volspectest.Block(snw)
 			if fs == "block" {
 				id = f.volumeOfSize("tune-"+fs, pool.AccessBlock, "", 64*mib, pool.Attachment{Node: testNode})
 			} else {
 				requireTool(t, "mkfs."+fs)
 				id = f.volumeOfSize("tune-"+fs, pool.AccessMount, fs, 320*mib, pool.Attachment{Node: testNode})
-				c = mountCap(fs, snw)
+				c = volspectest.Mount(fs, snw)
 			}
 			stage, publish := f.stageReq(id, c), f.publishReq(id, c, "pod-"+fs)
 			f.stage(stage)
@@ -140,7 +141,7 @@ func TestRealDiscards(t *testing.T) {
 			defer func() { f.t = parent }()
 			id := f.volumeOfSpec(pool.VolumeSpec{Name: strings.ReplaceAll(tc.name, " ", "-"), SizeBytes: 128 * mib, AccessType: pool.AccessMount, FsType: "ext4", Thin: tc.thin},
 				pool.Attachment{Node: testNode})
-			c := mountCap("ext4", snw, tc.flags...)
+			c := volspectest.Mount("ext4", snw, tc.flags...)
 			stage, publish := f.stageReq(id, c), f.publishReq(id, c, "pod")
 			f.stage(stage)
 			f.checkTuned("after stage", f.device(id), loop.BlockSize, tc.thin)
@@ -202,7 +203,7 @@ func TestRealOldDevice(t *testing.T) {
 	}
 	f.untune(dev)
 
-	c := mountCap("ext4", snw)
+	c := volspectest.Mount("ext4", snw)
 	stage, publish := f.stageReq(id, c), f.publishReq(id, c, "pod-old")
 	f.stage(stage)
 	if got := f.device(id); got != dev {

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/loopvol/loopvol/pkg/pool"
+	"github.com/loopvol/loopvol/pkg/volspec/volspectest"
 )
 
 // TestRealStageGrowsRestoredVolume: a volume restored from another's image
@@ -18,7 +19,7 @@ func TestRealStageGrowsRestoredVolume(t *testing.T) {
 			f := newRealFixture(t)
 			const small, large = 400 * mib, 900 * mib
 			src := f.volumeOfSize("source-"+fsType, pool.AccessMount, fsType, small, pool.Attachment{Node: testNode})
-			c := mountCap(fsType, snw)
+			c := volspectest.Mount(fsType, snw)
 			stage := f.stageReq(src, c)
 			f.stage(stage)
 			want := writeRandomFile(t, filepath.Join(stage.StagingTargetPath, "data.bin"), 1<<20)

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/loopvol/loopvol/pkg/pool"
+	"github.com/loopvol/loopvol/pkg/volspec/volspectest"
 )
 
 // TestStageTunes: every stage tunes the volume's loop device, also a
@@ -20,9 +21,9 @@ func TestStageTunes(t *testing.T) {
 	}{{name: "mount"}, {name: "block", block: true}} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFixture(t)
-			access, fsType, c := pool.AccessMount, "ext4", mountCap("ext4", snw)
+			access, fsType, c := pool.AccessMount, "ext4", volspectest.Mount("ext4", snw)
 			if tc.block {
-				access, fsType, c = pool.AccessBlock, "", blockCap(snw)
+				access, fsType, c = pool.AccessBlock, "", volspectest.Block(snw)
 			}
 			id := f.volume("v", access, fsType, pool.Attachment{Node: testNode})
 			stage := f.stageReq(id, c)
@@ -55,7 +56,7 @@ func TestStageTunes(t *testing.T) {
 		f := newFixture(t)
 		f.loop.TuneErr = &fs.PathError{Op: "open", Path: "/sys/block/loop0/queue/scheduler", Err: errors.New("read-only file system")}
 		id := f.volume("v", pool.AccessBlock, "", pool.Attachment{Node: testNode})
-		if _, err := f.srv.NodeStageVolume(f.ctx, f.stageReq(id, blockCap(snw))); err != nil {
+		if _, err := f.srv.NodeStageVolume(f.ctx, f.stageReq(id, volspectest.Block(snw))); err != nil {
 			t.Fatalf("stage with a device that cannot be tuned = %v, want success", err)
 		}
 	})

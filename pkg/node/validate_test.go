@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/loopvol/loopvol/pkg/pool"
+	"github.com/loopvol/loopvol/pkg/volspec/volspectest"
 )
 
 // TestRequestValidation sends bad requests to every volume RPC and checks
@@ -29,7 +30,7 @@ func TestRequestValidation(t *testing.T) {
 	if err := os.Symlink(outside, f.path("escape")); err != nil {
 		t.Fatal(err)
 	}
-	good := mountCap("", snw)
+	good := volspectest.Mount("", snw)
 	staging := f.path("staging", "s")
 	target := f.path("pods", "t")
 
@@ -77,7 +78,7 @@ func TestRequestValidation(t *testing.T) {
 		}
 	}
 	a := attached.String()
-	unknownMode := mountCap("", csi.VolumeCapability_AccessMode_Mode(42))
+	unknownMode := volspectest.Mount("", csi.VolumeCapability_AccessMode_Mode(42))
 	noAccessType := &csi.VolumeCapability{AccessMode: &csi.VolumeCapability_AccessMode{Mode: snw}}
 
 	for _, tc := range []struct {
@@ -98,14 +99,14 @@ func TestRequestValidation(t *testing.T) {
 		{name: "stage: no capability → invalid", call: stage(a, staging, nil), want: codes.InvalidArgument},
 		{name: "stage: unknown access mode → invalid", call: stage(a, staging, unknownMode), want: codes.InvalidArgument},
 		{name: "stage: no access type → invalid", call: stage(a, staging, noAccessType), want: codes.InvalidArgument},
-		{name: "stage: btrfs → invalid", call: stage(a, staging, mountCap("btrfs", snw)), want: codes.InvalidArgument},
-		{name: "stage: comma in mount flag → invalid", call: stage(a, staging, mountCap("", snw, "ro,exec")), want: codes.InvalidArgument},
-		{name: "stage: comma after a quoted value → invalid", call: stage(a, staging, mountCap("", snw, `context="a:b:c:s0",exec`)), want: codes.InvalidArgument},
-		{name: "stage: unbalanced quote → invalid", call: stage(a, staging, mountCap("", snw, `context="a:b:c:s0:c1,c2`)), want: codes.InvalidArgument},
-		{name: "stage: multi-node writer mount → invalid", call: stage(a, staging, mountCap("", mnmw)), want: codes.InvalidArgument},
-		{name: "stage: block capability on a mount volume → invalid", call: stage(a, staging, blockCap(snw)), want: codes.InvalidArgument},
+		{name: "stage: btrfs → invalid", call: stage(a, staging, volspectest.Mount("btrfs", snw)), want: codes.InvalidArgument},
+		{name: "stage: comma in mount flag → invalid", call: stage(a, staging, volspectest.Mount("", snw, "ro,exec")), want: codes.InvalidArgument},
+		{name: "stage: comma after a quoted value → invalid", call: stage(a, staging, volspectest.Mount("", snw, `context="a:b:c:s0",exec`)), want: codes.InvalidArgument},
+		{name: "stage: unbalanced quote → invalid", call: stage(a, staging, volspectest.Mount("", snw, `context="a:b:c:s0:c1,c2`)), want: codes.InvalidArgument},
+		{name: "stage: multi-node writer mount → invalid", call: stage(a, staging, volspectest.Mount("", mnmw)), want: codes.InvalidArgument},
+		{name: "stage: block capability on a mount volume → invalid", call: stage(a, staging, volspectest.Block(snw)), want: codes.InvalidArgument},
 		{name: "stage: mount capability on a block volume → invalid", call: stage(blockVol.String(), staging, good), want: codes.InvalidArgument},
-		{name: "stage: xfs on an ext4 volume → invalid", call: stage(f.volume("e4", pool.AccessMount, "ext4", pool.Attachment{Node: testNode}).String(), staging, mountCap("xfs", snw)), want: codes.InvalidArgument},
+		{name: "stage: xfs on an ext4 volume → invalid", call: stage(f.volume("e4", pool.AccessMount, "ext4", pool.Attachment{Node: testNode}).String(), staging, volspectest.Mount("xfs", snw)), want: codes.InvalidArgument},
 		{name: "stage: path-like volume ID → not found", call: stage("../../etc/passwd", staging, good), want: codes.NotFound},
 		{name: "stage: NUL in volume ID → not found", call: stage("p1.\x00", staging, good), want: codes.NotFound},
 		{name: "stage: huge volume ID → not found", call: stage(strings.Repeat("a", 10000), staging, good), want: codes.NotFound},
@@ -188,7 +189,7 @@ func FuzzStageArgs(f *testing.F) {
 		kubeletReal: "/kubelet",
 		pools:       map[string]*pool.Pool{"p1": {Name: "p1"}},
 	}
-	c := mountCap("ext4", snw)
+	c := volspectest.Mount("ext4", snw)
 	f.Fuzz(func(t *testing.T, id, path string) {
 		a, err := n.stageArgs(&csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: path, VolumeCapability: c})
 		if err != nil {
