@@ -171,8 +171,8 @@ func (q *ClaimQueue) addHandlers(more func(*Handlers) error) (*Handlers, error) 
 	}, q.cfg.Resync)
 	if err == nil {
 		err = hs.Add(q.PVInformer, cache.ResourceEventHandlerFuncs{
-			AddFunc:    q.volumeAdded,
-			DeleteFunc: q.volumeDeleted,
+			AddFunc:    q.VolumeAdded,
+			DeleteFunc: q.VolumeDeleted,
 		}, 0)
 	}
 	if err == nil && more != nil {
@@ -251,9 +251,10 @@ func (q *ClaimQueue) ClaimDeleted(obj any) {
 	q.Queue.Q.Add(key)
 }
 
-// volumeAdded queues the claim of a new volume of the driver: a claim
-// whose sync found its volume missing from the cache waits for it.
-func (q *ClaimQueue) volumeAdded(obj any) {
+// VolumeAdded is the volume informer's add handler: it queues the claim of
+// a new volume of the driver, since a claim whose sync found its volume
+// missing from the cache waits for it.
+func (q *ClaimQueue) VolumeAdded(obj any) {
 	pv, ok := obj.(*corev1.PersistentVolume)
 	if !ok || pv.Spec.CSI == nil || pv.Spec.CSI.Driver != q.cfg.DriverName || pv.Spec.ClaimRef == nil {
 		return
@@ -261,7 +262,9 @@ func (q *ClaimQueue) volumeAdded(obj any) {
 	q.Queue.Q.Add(pv.Spec.ClaimRef.Namespace + "/" + pv.Spec.ClaimRef.Name)
 }
 
-func (q *ClaimQueue) volumeDeleted(obj any) {
+// VolumeDeleted is the volume informer's delete handler: it forgets the
+// controller's writes of the volume.
+func (q *ClaimQueue) VolumeDeleted(obj any) {
 	if pv, ok := Tombstoned(obj).(*corev1.PersistentVolume); ok {
 		q.Writes.Forget(VolumeKey(pv.Name))
 	}

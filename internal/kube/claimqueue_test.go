@@ -110,8 +110,8 @@ func TestClaimQueueUpdates(t *testing.T) {
 	})
 }
 
-// TestClaimQueueDeleteAndVolumes: a deleted claim is forgotten and queued;
-// a new volume of the driver queues its claim, another driver's does not.
+// TestClaimQueueDeleteAndVolumes: a deleted claim is forgotten and queued,
+// a deleted volume forgotten; a new volume of the driver queues its claim, another driver's does not.
 func TestClaimQueueDeleteAndVolumes(t *testing.T) {
 	pvc := claimtest.Claim("a", "1Gi", "1Gi")
 	f, q, forgotten, inf := queueWithInformers(t, nil, true, nil)
@@ -121,6 +121,9 @@ func TestClaimQueueDeleteAndVolumes(t *testing.T) {
 	kubetest.Diff(t, "own writes after the delete", 0, q.Writes.Len())
 	kubetest.Diff(t, "queued", 1, q.Queue.Q.Len())
 	f.Drain()
+	q.Writes.Record(kube.VolumeKey("pv-a"), "6", claimtest.Now)
+	q.VolumeDeleted(cache.DeletedFinalStateUnknown{Key: "pv-a", Obj: claimtest.Volume("a", "1Gi")})
+	kubetest.Diff(t, "own writes after the volume's delete", 0, q.Writes.Len())
 
 	// Run's handlers see the volumes in the informers' first list.
 	for _, pv := range []*corev1.PersistentVolume{claimtest.Volume("a", "1Gi"), claimtest.Volume("b", "1Gi", claimtest.OfDriver("other.csi.io"))} {
