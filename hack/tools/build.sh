@@ -129,7 +129,7 @@ describe() {
 		pkg=k8s.io/kubernetes/cmd/$1
 		version=$kube_version
 		ldflags=$kube_ldflags
-		eta="~10 minutes"
+		eta="~15-20 minutes for all of them"
 		[[ $1 == kubectl ]] && vflag="version --client"
 		;;
 	containerd | containerd-shim-runc-v2 | ctr)
@@ -307,16 +307,16 @@ build_group() {
 	local key=$1 name tmpdir start list=() args=() pkgs=()
 	read -r -a list <<<"${group_names[$key]}"
 	describe "${list[0]}"
-	local dir=$mod_dir cmd=$gocmd gtags=$tags gcgo=$cgo etas=""
+	local dir=$mod_dir cmd=$gocmd gtags=$tags gcgo=$cgo geta=$eta what=""
 	for name in "${list[@]}"; do
 		describe "$name"
 		pkgs+=("$pkg")
 		args+=("-ldflags=$pkg=$ldflags")
-		etas+=" $name $version ($eta),"
+		what+=" $name $version,"
 	done
 	tmpdir=$(mktemp -d "$cache_root/.build.XXXXXX")
 	temps+=("$tmpdir")
-	log "building${etas%,}..."
+	log "building${what%,} (a first build takes $geta)..."
 	start=$SECONDS
 	if [[ $cmd == build ]]; then
 		# -o DIR/ names each binary after its package (bin_name).
