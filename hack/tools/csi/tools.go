@@ -27,7 +27,7 @@ package csi
 import (
 	_ "github.com/kubernetes-csi/external-attacher/v4/cmd/csi-attacher"
 	_ "github.com/kubernetes-csi/external-provisioner/v6/cmd/csi-provisioner"
-	_ "github.com/kubernetes-csi/external-snapshotter/v8/cmd/csi-snapshotter"
 	_ "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
+	_ "github.com/kubernetes-csi/external-snapshotter/v8/cmd/csi-snapshotter"
 	_ "github.com/kubernetes-csi/external-snapshotter/v8/cmd/snapshot-controller"
 )
