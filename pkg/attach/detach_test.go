@@ -152,7 +152,7 @@ func TestSyncVADetach(t *testing.T) {
 				t.Errorf("syncVA error code = %s, want %s", status.Code(err), status.Code(tc.unpublishErr))
 			}
 			kubetest.Diff(t, "API actions", tc.wantAPI, f.actions())
-			kubetest.Diff(t, "CSI calls", tc.wantCSI, f.csi.takeCalls())
+			kubetest.Diff(t, "CSI calls", tc.wantCSI, f.csi.TakeCalls())
 			kubetest.Diff(t, "Events", tc.wantEvents, f.events())
 			va := f.va("va1")
 			if len(va.Finalizers) == 0 {

@@ -102,7 +102,7 @@ func TestStaleCacheNeverPublishesOrUnpublishes(t *testing.T) {
 			f.c.vaAdded(tc.va)
 			f.drain()
 			kubetest.Diff(t, "API actions", []apiAction{get("volumeattachments", "va1")}, f.actions())
-			kubetest.Diff(t, "CSI calls", nil, f.csi.takeCalls())
+			kubetest.Diff(t, "CSI calls", nil, f.csi.TakeCalls())
 			kubetest.Diff(t, "tracked objects", emptyState, f.c.trackedObjects().sizes)
 		})
 	}
@@ -126,7 +126,7 @@ func TestNotLeadingActsOnNothing(t *testing.T) {
 				t.Fatalf("syncVA = %v, want %v", err, kube.ErrNotLeading)
 			}
 			kubetest.Diff(t, "API actions", []apiAction{get("volumeattachments", "va1")}, f.actions())
-			kubetest.Diff(t, "CSI calls", nil, f.csi.takeCalls())
+			kubetest.Diff(t, "CSI calls", nil, f.csi.TakeCalls())
 			kubetest.Diff(t, "Events", nil, f.events())
 		})
 	}
@@ -212,13 +212,13 @@ func TestLeakRepair(t *testing.T) {
 			f := newFixture(t, allCaps, tc.objs...)
 			f.csi.published = maps.Clone(published)
 			f.c.reconcile(f.Ctx)
-			kubetest.Diff(t, "CSI calls of the first pass", []csiCall{listed}, f.csi.takeCalls())
+			kubetest.Diff(t, "CSI calls of the first pass", []csiCall{listed}, f.csi.TakeCalls())
 			if tc.between != nil {
 				tc.between(f)
 			}
 			f.Clock.Step(f.c.leakGrace())
 			f.c.reconcile(f.Ctx)
-			calls := f.csi.takeCalls()
+			calls := f.csi.TakeCalls()
 			if len(calls) > 1 {
 				rest := calls[1:]
 				if len(rest) == 2 && rest[0].NodeID > rest[1].NodeID {

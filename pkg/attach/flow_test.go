@@ -68,7 +68,7 @@ func TestAttachDetachFlowPublishesOnceWithFourWrites(t *testing.T) {
 			t.Errorf("va%d not attached: %+v", i, va.Status)
 		}
 	}
-	kubetest.Diff(t, "CSI calls after attach", map[string]int{"ControllerPublishVolume": n}, countCalls(f.csi.takeCalls()))
+	kubetest.Diff(t, "CSI calls after attach", map[string]int{"ControllerPublishVolume": n}, countCalls(f.csi.TakeCalls()))
 	attachWrites := countWrites(f.actions())
 	kubetest.Diff(t, "API writes of the attaches", map[string]int{
 		"patch persistentvolumes":        n, // PV finalizer
@@ -81,7 +81,7 @@ func TestAttachDetachFlowPublishesOnceWithFourWrites(t *testing.T) {
 		f.c.vaUpdated(va, va)
 	}
 	f.drain()
-	kubetest.Diff(t, "CSI calls after a resync", map[string]int{}, countCalls(f.csi.takeCalls()))
+	kubetest.Diff(t, "CSI calls after a resync", map[string]int{}, countCalls(f.csi.TakeCalls()))
 	kubetest.Diff(t, "API writes after a resync", map[string]int{}, countWrites(f.actions()))
 
 	// kube-controller-manager deletes them (the API server sets the
@@ -98,7 +98,7 @@ func TestAttachDetachFlowPublishesOnceWithFourWrites(t *testing.T) {
 		t.Fatalf("queues after deletion: attach %d, detach %d; want 0, %d", f.c.attachQ.Q.Len(), f.c.detachQ.Q.Len(), n)
 	}
 	f.drain()
-	kubetest.Diff(t, "CSI calls after detach", map[string]int{"ControllerUnpublishVolume": n}, countCalls(f.csi.takeCalls()))
+	kubetest.Diff(t, "CSI calls after detach", map[string]int{"ControllerUnpublishVolume": n}, countCalls(f.csi.TakeCalls()))
 	kubetest.Diff(t, "API writes of the detaches", map[string]int{"patch volumeattachments": n}, countWrites(f.actions()))
 	for i := range n {
 		if fins := f.va(fmt.Sprintf("va%d", i)).Finalizers; len(fins) != 0 {
@@ -254,7 +254,7 @@ func TestOneWorkerPerVolumeAttachmentAcrossQueues(t *testing.T) {
 	}
 	f.c.detachQ.Q.Add("va1")
 	f.c.processNextVA(f.Ctx, f.c.detachQ)
-	kubetest.Diff(t, "CSI calls while another worker holds va1", nil, f.csi.takeCalls())
+	kubetest.Diff(t, "CSI calls while another worker holds va1", nil, f.csi.TakeCalls())
 	if n := f.c.detachQ.Q.Len(); n != 0 {
 		t.Fatalf("detach queue holds %d items while va1 is busy", n)
 	}
@@ -263,7 +263,7 @@ func TestOneWorkerPerVolumeAttachmentAcrossQueues(t *testing.T) {
 		t.Fatalf("va1 not handed back to the detach queue (%d items)", n)
 	}
 	f.c.processNextVA(f.Ctx, f.c.detachQ)
-	kubetest.Diff(t, "CSI calls", map[string]int{"ControllerUnpublishVolume": 1}, countCalls(f.csi.takeCalls()))
+	kubetest.Diff(t, "CSI calls", map[string]int{"ControllerUnpublishVolume": 1}, countCalls(f.csi.TakeCalls()))
 }
 
 func TestDetachWakesAttachesBlockedOnTheSameVolumeOrNode(t *testing.T) {
@@ -351,7 +351,7 @@ func TestStaleCacheAfterOwnWriteReadsLiveObject(t *testing.T) {
 		t.Fatalf("syncVA: %v", err)
 	}
 	kubetest.Diff(t, "API actions", []apiAction{get("volumeattachments", "va1")}, f.actions())
-	kubetest.Diff(t, "CSI calls (no second publish)", nil, f.csi.takeCalls())
+	kubetest.Diff(t, "CSI calls (no second publish)", nil, f.csi.TakeCalls())
 }
 
 func TestWaitsForTheDriverInsteadOfFailing(t *testing.T) {
@@ -398,7 +398,7 @@ func TestVAMetadataPatchFailureIsReportedWithoutPublishing(t *testing.T) {
 	if !apierrors.IsInternalError(err) || isFinal(err) {
 		t.Fatalf("syncVA = %v, want a transient internal error", err)
 	}
-	kubetest.Diff(t, "CSI calls", nil, f.csi.takeCalls())
+	kubetest.Diff(t, "CSI calls", nil, f.csi.TakeCalls())
 	const msg = `add finalizer and node ID to VolumeAttachment "va1": Internal error occurred: etcd is sad`
 	kubetest.Diff(t, "Events", []string{"Warning AttachFailed " + msg}, f.events())
 	if got := f.va("va1").Status.AttachError; got == nil || got.Message != msg || got.ErrorCode != nil {

@@ -6,7 +6,6 @@ import (
 	"maps"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -194,9 +193,7 @@ type csiCall struct {
 }
 
 type fakeCSI struct {
-	*kubetest.Driver
-	mu           sync.Mutex
-	calls        kubetest.Calls[csiCall]
+	kubetest.FakeDriver[csiCall]
 	publishCtx   map[string]string
 	publishErr   error
 	unpublishErr error
@@ -224,9 +221,9 @@ func capString(c *csi.VolumeCapability) string {
 }
 
 func (f *fakeCSI) ControllerPublish(_ context.Context, req *csi.ControllerPublishVolumeRequest) (map[string]string, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.calls.Add(csiCall{
+	f.Lock()
+	defer f.Unlock()
+	f.Calls = append(f.Calls, csiCall{
 		Method: "ControllerPublishVolume", VolumeID: req.VolumeId, NodeID: req.NodeId, Readonly: req.Readonly,
 		Capability: capString(req.VolumeCapability), Secrets: req.Secrets, Context: req.VolumeContext,
 	})
@@ -240,9 +237,9 @@ func (f *fakeCSI) ControllerPublish(_ context.Context, req *csi.ControllerPublis
 }
 
 func (f *fakeCSI) ControllerUnpublish(_ context.Context, req *csi.ControllerUnpublishVolumeRequest) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.calls.Add(csiCall{Method: "ControllerUnpublishVolume", VolumeID: req.VolumeId, NodeID: req.NodeId, Secrets: req.Secrets})
+	f.Lock()
+	defer f.Unlock()
+	f.Calls = append(f.Calls, csiCall{Method: "ControllerUnpublishVolume", VolumeID: req.VolumeId, NodeID: req.NodeId, Secrets: req.Secrets})
 	if f.onCall != nil {
 		f.onCall("ControllerUnpublishVolume")
 	}
@@ -250,30 +247,28 @@ func (f *fakeCSI) ControllerUnpublish(_ context.Context, req *csi.ControllerUnpu
 }
 
 func (f *fakeCSI) ListVolumes(context.Context) (map[string][]string, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.calls.Add(csiCall{Method: "ListVolumes"})
+	f.Lock()
+	defer f.Unlock()
+	f.Calls = append(f.Calls, csiCall{Method: "ListVolumes"})
 	return f.published, nil
 }
 
 func (f *fakeCSI) OnReconnected(fn func()) func() {
-	f.mu.Lock()
-	defer f.mu.Unlock()
+	f.Lock()
+	defer f.Unlock()
 	f.reconnected = append(f.reconnected, fn)
 	return func() {}
 }
 
 // reconnect plays the driver coming back after it was away.
 func (f *fakeCSI) reconnect() {
-	f.mu.Lock()
+	f.Lock()
 	fns := f.reconnected
-	f.mu.Unlock()
+	f.Unlock()
 	for _, fn := range fns {
 		fn()
 	}
 }
-
-func (f *fakeCSI) takeCalls() []csiCall { return f.calls.Take() }
 
 // --- fixture ---
 
@@ -289,7 +284,7 @@ type fixture struct {
 
 func newFixture(t *testing.T, caps csiclient.Capabilities, objs ...runtime.Object) *fixture {
 	t.Helper()
-	f := &fixture{Env: kubetest.NewEnv(t, testNow, objs...), csi: &fakeCSI{Driver: kubetest.NewDriver(caps)}}
+	f := &fixture{Env: kubetest.NewEnv(t, testNow, objs...), csi: &fakeCSI{FakeDriver: kubetest.FakeDriver[csiCall]{Caps: caps}}}
 	c, err := New(Config{
 		DriverName:         driver,
 		Client:             f.Client,

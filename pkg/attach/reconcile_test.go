@@ -119,7 +119,7 @@ func TestReconcile(t *testing.T) {
 					t.Errorf("the forced sync is still pending after a successful sync")
 				}
 			}
-			kubetest.Diff(t, "CSI calls", tc.wantCSI, f.csi.takeCalls())
+			kubetest.Diff(t, "CSI calls", tc.wantCSI, f.csi.TakeCalls())
 			kubetest.Diff(t, "API actions", tc.wantAPI, f.actions())
 			got := f.va("va1").Status
 			if len(got.AttachmentMetadata) == 0 {
@@ -157,7 +157,7 @@ func TestForcedSyncOfAChangedObjectIsNormal(t *testing.T) {
 	if err := f.c.syncVA(f.Ctx, "va1"); err != nil {
 		t.Fatalf("syncVA: %v", err)
 	}
-	kubetest.Diff(t, "CSI calls", nil, f.csi.takeCalls())
+	kubetest.Diff(t, "CSI calls", nil, f.csi.TakeCalls())
 }
 
 func itoa(n int) string { return strconv.Itoa(n) }
@@ -179,7 +179,7 @@ func TestForcedSyncSurvivesItsOwnFailure(t *testing.T) {
 	if err := f.c.syncVA(f.Ctx, "va1"); err != nil {
 		t.Fatalf("retry: %v", err)
 	}
-	kubetest.Diff(t, "CSI calls", map[string]int{"ControllerPublishVolume": 2}, countCalls(f.csi.takeCalls()))
+	kubetest.Diff(t, "CSI calls", map[string]int{"ControllerPublishVolume": 2}, countCalls(f.csi.TakeCalls()))
 	if _, forced := f.c.state.forced("va1"); forced {
 		t.Error("the forced sync is still pending after it succeeded")
 	}

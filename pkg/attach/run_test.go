@@ -25,7 +25,7 @@ func TestRun(t *testing.T) {
 	_, ctx := ktesting.NewTestContext(t)
 	client := fake.NewClientset(pvObj("pv1", "pool.vol1"), csiNodeObj(testNode, testNodeID))
 	kubetest.Serve(client, kubetest.Options{})
-	drv := &fakeCSI{Driver: kubetest.NewDriver(allCaps)}
+	drv := &fakeCSI{FakeDriver: kubetest.FakeDriver[csiCall]{Caps: allCaps}}
 	informers := kube.NewInformers(client, 0)
 	c, err := New(Config{
 		DriverName: driver, Client: client, Informers: informers, CSI: drv, Workers: 4,
@@ -88,7 +88,7 @@ func TestRun(t *testing.T) {
 	case <-wctx.Done():
 		t.Fatal("Run did not return after its context ended")
 	}
-	kubetest.Diff(t, "CSI calls", map[string]int{"ControllerPublishVolume": 1, "ControllerUnpublishVolume": 1}, countCalls(drv.takeCalls()))
+	kubetest.Diff(t, "CSI calls", map[string]int{"ControllerPublishVolume": 1, "ControllerUnpublishVolume": 1}, countCalls(drv.TakeCalls()))
 }
 
 func TestConfigValidate(t *testing.T) {
@@ -133,7 +133,7 @@ func TestDriverBackRetriesAtOnce(t *testing.T) {
 	_, ctx := ktesting.NewTestContext(t)
 	client := fake.NewClientset(pvObj("pv1", "pool.vol1"), csiNodeObj(testNode, testNodeID))
 	kubetest.Serve(client, kubetest.Options{})
-	drv := &fakeCSI{Driver: kubetest.NewDriver(allCaps), publishErr: status.Error(codes.Unavailable, "driver restarting")}
+	drv := &fakeCSI{FakeDriver: kubetest.FakeDriver[csiCall]{Caps: allCaps}, publishErr: status.Error(codes.Unavailable, "driver restarting")}
 	informers := kube.NewInformers(client, 0)
 	c, err := New(Config{
 		DriverName: driver, Client: client, Informers: informers, CSI: drv, Workers: 1,
@@ -153,7 +153,15 @@ func TestDriverBackRetriesAtOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	publishes := func() int {
-		return drv.calls.Count(func(c csiCall) bool { return c.Method == "ControllerPublishVolume" })
+		drv.Lock()
+		defer drv.Unlock()
+		n := 0
+		for _, c := range drv.Calls {
+			if c.Method == "ControllerPublishVolume" {
+				n++
+			}
+		}
+		return n
 	}
 	wait := func(what string, cond func() bool) {
 		t.Helper()
@@ -162,9 +170,9 @@ func TestDriverBackRetriesAtOnce(t *testing.T) {
 		}
 	}
 	wait("the first publish failed", func() bool { return publishes() == 1 && c.attachQ.Failing() == 1 })
-	drv.mu.Lock()
+	drv.Lock()
 	drv.publishErr = nil
-	drv.mu.Unlock()
+	drv.Unlock()
 	drv.reconnect()
 	wait("va1 is attached after the driver came back", func() bool {
 		va, err := client.StorageV1().VolumeAttachments().Get(ctx, "va1", metav1.GetOptions{})

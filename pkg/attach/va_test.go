@@ -353,7 +353,7 @@ func TestSyncVAAttach(t *testing.T) {
 				t.Errorf("syncVA error = %v, want the driver's %v", err, tc.publishErr)
 			}
 			kubetest.Diff(t, "API actions", tc.wantAPI, f.actions())
-			kubetest.Diff(t, "CSI calls", tc.wantCSI, f.csi.takeCalls())
+			kubetest.Diff(t, "CSI calls", tc.wantCSI, f.csi.TakeCalls())
 			kubetest.Diff(t, "Events", tc.wantEvents, f.events())
 			got := f.va("va1").Status
 			if got.AttachError != nil {

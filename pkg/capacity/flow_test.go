@@ -27,7 +27,7 @@ func published(t *testing.T, objs []runtime.Object, opts ...option) *fixture {
 	t.Helper()
 	f := newFixture(t, topoCaps, with(twoZones(), objs...), opts...)
 	f.drain()
-	f.csi.takeCalls()
+	f.csi.TakeCalls()
 	f.writes()
 	f.Clock.Step(time.Hour) // PV events refresh at once, not after a refresh delay
 	return f
@@ -48,7 +48,7 @@ func (f *fixture) objectOf(class, zone string) *storagev1.CSIStorageCapacity {
 func TestOwnWritesQueueNothing(t *testing.T) {
 	f := newFixture(t, topoCaps, with(twoZones(), class("fast")))
 	f.drain() // observes each create after it
-	kubetest.Diff(t, "GetCapacity calls", []getCapacityCall{{Pool: "fast-pool", Zone: "z1"}, {Pool: "fast-pool", Zone: "z2"}}, f.csi.takeCalls())
+	kubetest.Diff(t, "GetCapacity calls", []getCapacityCall{{Pool: "fast-pool", Zone: "z1"}, {Pool: "fast-pool", Zone: "z2"}}, f.csi.TakeCalls())
 	if n := len(f.writes()); n != 2 {
 		t.Errorf("%d writes, want 2 creates", n)
 	}
@@ -65,7 +65,7 @@ func TestOwnWritesQueueNothing(t *testing.T) {
 		patch(f.objectOf("fast", "z1").Name, `{"capacity":"9Gi","maximumVolumeSize":"4608Mi"}`),
 		patch(f.objectOf("fast", "z2").Name, `{"capacity":"19Gi","maximumVolumeSize":"9728Mi"}`),
 	}, f.writes())
-	if n := len(f.csi.takeCalls()); n != 2 {
+	if n := len(f.csi.TakeCalls()); n != 2 {
 		t.Errorf("%d GetCapacity calls for two items, want 2 (the patches coming back must not sync again)", n)
 	}
 }
@@ -157,7 +157,7 @@ func TestClassesComeAndGo(t *testing.T) {
 	f.remove(class("fast"))
 	f.drain()
 	kubetest.Diff(t, "writes after a class was deleted", []apiAction{deleteAction(fastZ1), deleteAction(fastZ2)}, f.writes())
-	kubetest.Diff(t, "calls after a class was deleted", []getCapacityCall{{Pool: "slow-pool", Zone: "z1"}, {Pool: "slow-pool", Zone: "z2"}}, f.csi.takeCalls())
+	kubetest.Diff(t, "calls after a class was deleted", []getCapacityCall{{Pool: "slow-pool", Zone: "z1"}, {Pool: "slow-pool", Zone: "z2"}}, f.csi.TakeCalls())
 }
 
 func TestSegmentsFollowNodes(t *testing.T) {
@@ -210,7 +210,7 @@ func TestPersistentVolumesRefreshTheirSegments(t *testing.T) {
 	v := pv("pv1", "fast", "z1", gi)
 	f.update(v)
 	f.drain()
-	kubetest.Diff(t, "calls after a PV was created in z1", []getCapacityCall{{Pool: "fast-pool", Zone: "z1"}, {Pool: "slow-pool", Zone: "z1"}}, f.csi.takeCalls())
+	kubetest.Diff(t, "calls after a PV was created in z1", []getCapacityCall{{Pool: "fast-pool", Zone: "z1"}, {Pool: "slow-pool", Zone: "z1"}}, f.csi.TakeCalls())
 	kubetest.Diff(t, "writes after a PV was created in z1", []apiAction{
 		patch(f.objectOf("fast", "z1").Name, `{"capacity":"9Gi","maximumVolumeSize":"4608Mi"}`),
 		patch(f.objectOf("slow", "z1").Name, `{"capacity":"9Gi","maximumVolumeSize":"4608Mi"}`),
@@ -225,7 +225,7 @@ func TestPersistentVolumesRefreshTheirSegments(t *testing.T) {
 	resized.Spec.Capacity["storage"] = *resource.NewQuantity(2*gi, resource.BinarySI)
 	f.update(resized)
 	f.drain()
-	kubetest.Diff(t, "calls after a PV was resized", []getCapacityCall{{Pool: "fast-pool", Zone: "z1"}, {Pool: "slow-pool", Zone: "z1"}}, f.csi.takeCalls())
+	kubetest.Diff(t, "calls after a PV was resized", []getCapacityCall{{Pool: "fast-pool", Zone: "z1"}, {Pool: "slow-pool", Zone: "z1"}}, f.csi.TakeCalls())
 
 	// Another update (the status, a label) or a resync: nothing.
 	relabelled := resized.DeepCopy()
@@ -249,12 +249,12 @@ func TestPersistentVolumesRefreshTheirSegments(t *testing.T) {
 
 	// A volume without node affinity may be anywhere: every segment.
 	f.Clock.Step(time.Second)
-	f.csi.takeCalls()
+	f.csi.TakeCalls()
 	f.update(pv("pv2", "fast", "", gi))
 	f.drain()
 	kubetest.Diff(t, "calls after a PV without affinity", []getCapacityCall{
 		{Pool: "fast-pool", Zone: "z1"}, {Pool: "fast-pool", Zone: "z2"}, {Pool: "slow-pool", Zone: "z1"}, {Pool: "slow-pool", Zone: "z2"},
-	}, f.csi.takeCalls())
+	}, f.csi.TakeCalls())
 
 	// A volume in a zone without nodes here: nothing.
 	f.update(pv("pv4", "fast", "z9", gi))
@@ -285,12 +285,12 @@ func TestPersistentVolumeBurstCoalesced(t *testing.T) {
 		}
 	}
 	f.drain()
-	kubetest.Diff(t, "calls during the burst", []getCapacityCall{{Pool: "fast-pool", Zone: "z1"}}, f.csi.takeCalls())
+	kubetest.Diff(t, "calls during the burst", []getCapacityCall{{Pool: "fast-pool", Zone: "z1"}}, f.csi.TakeCalls())
 	// The rest come as one delayed refresh. Get blocks until the delaying
 	// queue hands it over (real time: the queue's clock is not the fake).
 	f.c.processNextItem(f.Ctx)
 	f.observe()
-	kubetest.Diff(t, "calls after the delay", []getCapacityCall{{Pool: "fast-pool", Zone: "z1"}}, f.csi.takeCalls())
+	kubetest.Diff(t, "calls after the delay", []getCapacityCall{{Pool: "fast-pool", Zone: "z1"}}, f.csi.TakeCalls())
 	want := resource.NewQuantity(10*gi-200*(16<<20), resource.BinarySI)
 	if got := f.objectOf("fast", "z1").Capacity; got.Cmp(*want) != 0 {
 		t.Errorf("capacity after the burst %s, want %s", got, want)
@@ -322,7 +322,7 @@ func TestGetCapacityErrors(t *testing.T) {
 
 func TestRunRefusesDriverWithoutGetCapacity(t *testing.T) {
 	f := newFixture(t, topoCaps, twoZones())
-	f.csi.SetCapabilities(csiclient.Capabilities{ControllerService: true, Topology: true})
+	f.csi.Caps = csiclient.Capabilities{ControllerService: true, Topology: true}
 	c, err := New(Config{
 		DriverName: driver, Client: f.Client, Informers: kube.NewInformers(f.Client, 0), CSI: f.csi, Namespace: ns,
 		PollInterval: time.Minute, Workers: 1, RetryIntervalStart: time.Second, RetryIntervalMax: time.Minute,

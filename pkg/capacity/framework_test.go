@@ -8,7 +8,6 @@ import (
 	"maps"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -155,25 +154,23 @@ type getCapacityCall struct {
 }
 
 type fakeCSI struct {
-	*kubetest.Driver
-	mu    sync.Mutex
+	kubetest.FakeDriver[getCapacityCall]
 	free  map[string]int64 // zone ("-": no topology) → available bytes; maximum_volume_size is half
 	noMax bool
 	err   error
 	info  *csi.NodeGetInfoResponse
-	calls kubetest.Calls[getCapacityCall]
 }
 
 var _ CSI = &fakeCSI{}
 
 func (f *fakeCSI) GetCapacity(_ context.Context, req *csi.GetCapacityRequest) (*csi.GetCapacityResponse, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
+	f.Lock()
+	defer f.Unlock()
 	zone := "-"
 	if t := req.GetAccessibleTopology(); t != nil {
 		zone = t.GetSegments()[zoneKey]
 	}
-	f.calls.Add(getCapacityCall{Pool: req.GetParameters()["pool"], Zone: zone})
+	f.Calls = append(f.Calls, getCapacityCall{Pool: req.GetParameters()["pool"], Zone: zone})
 	if f.err != nil {
 		return nil, f.err
 	}
@@ -185,8 +182,8 @@ func (f *fakeCSI) GetCapacity(_ context.Context, req *csi.GetCapacityRequest) (*
 }
 
 func (f *fakeCSI) NodeGetInfo(context.Context) (*csi.NodeGetInfoResponse, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
+	f.Lock()
+	defer f.Unlock()
 	if f.info == nil {
 		return nil, errors.New("no node service")
 	}
@@ -194,12 +191,10 @@ func (f *fakeCSI) NodeGetInfo(context.Context) (*csi.NodeGetInfoResponse, error)
 }
 
 func (f *fakeCSI) setFree(zone string, n int64) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
+	f.Lock()
+	defer f.Unlock()
 	f.free[zone] = n
 }
-
-func (f *fakeCSI) takeCalls() []getCapacityCall { return f.calls.Take() }
 
 // --- fixture ---
 
@@ -234,7 +229,7 @@ func newFixture(t *testing.T, caps csiclient.Capabilities, objs []runtime.Object
 	f := &fixture{
 		Env:    env,
 		logger: klog.FromContext(ctx),
-		csi: &fakeCSI{Driver: kubetest.NewDriver(caps), free: map[string]int64{"z1": 10 * gi, "z2": 20 * gi, "-": 30 * gi},
+		csi: &fakeCSI{FakeDriver: kubetest.FakeDriver[getCapacityCall]{Caps: caps}, free: map[string]int64{"z1": 10 * gi, "z2": 20 * gi, "-": 30 * gi},
 			info: &csi.NodeGetInfoResponse{NodeId: "n1", AccessibleTopology: &csi.Topology{Segments: map[string]string{zoneKey: "z1"}}}},
 	}
 	kubetest.Serve(f.Client, kubetest.Options{Now: testNow})

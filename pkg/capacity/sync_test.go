@@ -218,14 +218,14 @@ func TestInitialSync(t *testing.T) {
 			f := newFixture(t, caps, tc.objs, tc.opts...)
 			f.csi.noMax = tc.noMax
 			f.drain()
-			kubetest.Diff(t, "GetCapacity calls", tc.wantCalls, f.csi.takeCalls())
+			kubetest.Diff(t, "GetCapacity calls", tc.wantCalls, f.csi.TakeCalls())
 			kubetest.Diff(t, "API writes", tc.wantWrites, f.writes())
 			kubetest.Diff(t, "objects", sortedValues(tc.wantObjects), sortedValues(mapValues(f.state())))
 
 			// Nothing changed: a poll asks the driver again and writes nothing.
 			f.c.enqueueAll()
 			f.drain()
-			if len(tc.wantObjects) > 0 && len(f.csi.takeCalls()) == 0 {
+			if len(tc.wantObjects) > 0 && len(f.csi.TakeCalls()) == 0 {
 				t.Error("the poll did not ask the driver")
 			}
 			kubetest.Diff(t, "API writes of a poll with nothing changed", []apiAction(nil), f.writes())

@@ -49,69 +49,37 @@ func NewEnv(t *testing.T, now time.Time, objs ...runtime.Object) *Env {
 	}
 }
 
-// Calls is the list of calls a fake (of a CSI driver) was made, safe for
-// the controller's workers and the test at once.
-type Calls[T any] struct {
-	mu    sync.Mutex
-	calls []T
+// FakeDriver is what every CSI driver fake of the controller tests
+// shares: it is always ready (WaitReady returns at once unless ctx ended),
+// offers Caps, and keeps the calls made to it, of type C (the
+// controller's call in short form). A controller's fake embeds it, adds
+// its own RPCs, and appends each call to Calls with the mutex held.
+type FakeDriver[C any] struct {
+	sync.Mutex
+	// Caps are the driver's capabilities; a test may change them.
+	Caps csiclient.Capabilities
+	// Calls are the calls made since the last TakeCalls.
+	Calls []C
 }
-
-// Add records one call.
-func (c *Calls[T]) Add(call T) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.calls = append(c.calls, call)
-}
-
-// Take returns the calls recorded since the last Take and forgets them.
-func (c *Calls[T]) Take() []T {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	out := c.calls
-	c.calls = nil
-	return out
-}
-
-// Count is how many of the calls recorded since the last Take match.
-func (c *Calls[T]) Count(match func(T) bool) int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	n := 0
-	for _, call := range c.calls {
-		if match(call) {
-			n++
-		}
-	}
-	return n
-}
-
-// Driver is what every CSI driver fake of the controller tests shares: it
-// is always ready (WaitReady returns at once unless ctx ended) and offers
-// the capabilities it was made with. A fake embeds it and adds the calls
-// its controller makes.
-type Driver struct {
-	mu   sync.Mutex
-	caps csiclient.Capabilities
-}
-
-// NewDriver returns a Driver offering caps.
-func NewDriver(caps csiclient.Capabilities) *Driver { return &Driver{caps: caps} }
 
 // WaitReady returns ctx's error: the fake driver is always there.
-func (d *Driver) WaitReady(ctx context.Context) error { return ctx.Err() }
+func (d *FakeDriver[C]) WaitReady(ctx context.Context) error { return ctx.Err() }
 
-// Capabilities returns the capabilities the driver offers.
-func (d *Driver) Capabilities() csiclient.Capabilities {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.caps
+// Capabilities returns Caps.
+func (d *FakeDriver[C]) Capabilities() csiclient.Capabilities {
+	d.Lock()
+	defer d.Unlock()
+	return d.Caps
 }
 
-// SetCapabilities changes what the driver offers from now on.
-func (d *Driver) SetCapabilities(caps csiclient.Capabilities) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.caps = caps
+// TakeCalls returns the calls made since the last TakeCalls, and forgets
+// them.
+func (d *FakeDriver[C]) TakeCalls() []C {
+	d.Lock()
+	defer d.Unlock()
+	out := d.Calls
+	d.Calls = nil
+	return out
 }
 
 // Cache puts a copy of obj into idx, as an informer's initial list would,

@@ -86,11 +86,11 @@ func TestEnvAndCalls(t *testing.T) {
 	}
 	Get[*corev1.ConfigMap](t, env.Client, corev1.SchemeGroupVersion.WithResource("configmaps"), "ns", "cm")
 
-	var calls Calls[string]
-	calls.Add("a")
-	calls.Add("b")
-	calls.Add("a")
-	Diff(t, "count", 2, calls.Count(func(c string) bool { return c == "a" }))
-	Diff(t, "take", []string{"a", "b", "a"}, calls.Take())
-	Diff(t, "take again", []string(nil), calls.Take())
+	d := &FakeDriver[string]{}
+	d.Calls = append(d.Calls, "a", "b")
+	if err := d.WaitReady(env.Ctx); err != nil || d.Capabilities().PublishUnpublish {
+		t.Errorf("WaitReady = %v, capabilities %+v; want ready, none", err, d.Capabilities())
+	}
+	Diff(t, "take", []string{"a", "b"}, d.TakeCalls())
+	Diff(t, "take again", []string(nil), d.TakeCalls())
 }
