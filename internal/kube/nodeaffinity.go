@@ -43,6 +43,12 @@ func VolumeOnNode(ctx context.Context, client Client, node string, pv *corev1.Pe
 	return ok, nil
 }
 
+// OnNode tells whether pv is the controller's to act on: VolumeOnNode with
+// the ClaimConfig's client and NodeName.
+func (q *ClaimQueue) OnNode(ctx context.Context, pv *corev1.PersistentVolume) (bool, error) {
+	return VolumeOnNode(ctx, q.cfg.Client, q.cfg.NodeName, pv)
+}
+
 // AffinityAdmits evaluates a required node selector against node as the
 // scheduler does: the terms are ORed, the requirements of one term ANDed.
 // Label requirements are label selectors (In, NotIn, Exists, DoesNotExist,

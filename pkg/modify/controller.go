@@ -88,10 +88,8 @@ func (c Config) Validate() error { return c.ClaimConfig.Validate(c.CSI) }
 // "rolled back": the ModifyingVolume condition goes, Event
 // VolumeModifyCanceled.
 type Controller struct {
-	cfg    Config
-	client kube.Client
-	csi    CSI
-	clock  clock.PassiveClock
+	cfg   Config
+	clock clock.PassiveClock
 
 	vacInformer cache.SharedIndexInformer
 	vacLister   storagelisters.VolumeAttributesClassLister
@@ -109,7 +107,7 @@ func New(cfg Config) (*Controller, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("modify controller: %w", err)
 	}
-	c := &Controller{cfg: cfg, client: cfg.Client, csi: cfg.CSI, clock: clock.RealClock{}, mods: newModifyState()}
+	c := &Controller{cfg: cfg, clock: clock.RealClock{}, mods: newModifyState()}
 	claims, err := kube.NewClaimQueue(kube.ClaimQueueConfig{
 		ClaimConfig: cfg.ClaimConfig, Controller: "modify", Name: QueueName(cfg.DriverName), EventComponent: EventComponent(cfg.DriverName),
 		Metrics: metricNames, Ready: cfg.CSI.WaitReady, Sync: c.sync, Wants: c.shouldEnqueue,
@@ -144,7 +142,7 @@ func (c *Controller) Run(ctx context.Context) error {
 // API server anyway.
 func (c *Controller) apiServed(ctx context.Context) bool {
 	logger := klog.FromContext(ctx)
-	_, err := c.client.StorageV1().VolumeAttributesClasses().List(ctx, metav1.ListOptions{Limit: 1})
+	_, err := c.cfg.Client.StorageV1().VolumeAttributesClasses().List(ctx, metav1.ListOptions{Limit: 1})
 	switch {
 	case err == nil:
 		return true

@@ -45,7 +45,7 @@ func (c *Controller) sync(ctx context.Context, key string) error {
 		logger.V(5).Info("Claim has its VolumeAttributesClass")
 		return nil
 	}
-	if mine, err := kube.VolumeOnNode(ctx, c.client, c.cfg.NodeName, pv); err != nil || !mine {
+	if mine, err := c.claims.OnNode(ctx, pv); err != nil || !mine {
 		return err
 	}
 	// The same infeasible class is not tried again before
@@ -60,7 +60,7 @@ func (c *Controller) sync(ctx context.Context, key string) error {
 		// server allows that only while no class was ever applied).
 		return c.rolledBack(ctx, pvc)
 	}
-	if !c.csi.Capabilities().ModifyVolume {
+	if !c.cfg.CSI.Capabilities().ModifyVolume {
 		return kube.Permanent(fmt.Errorf("driver %s does not offer MODIFY_VOLUME (ControllerModifyVolume)", c.cfg.DriverName))
 	}
 	if (inProgress && c.mods.uncertain(key)) || want == "" {
@@ -145,7 +145,7 @@ func (c *Controller) modifyTo(ctx context.Context, key string, pvc *corev1.Persi
 		return err
 	}
 	logger.V(4).Info("Modifying volume", "volumeID", src.VolumeHandle, "volumeAttributesClass", vac.Name)
-	_, err = c.csi.ControllerModifyVolume(ctx, &csi.ControllerModifyVolumeRequest{
+	_, err = c.cfg.CSI.ControllerModifyVolume(ctx, &csi.ControllerModifyVolumeRequest{
 		VolumeId:          src.VolumeHandle,
 		Secrets:           secrets,
 		MutableParameters: params,
@@ -235,5 +235,5 @@ func (c *Controller) modifySecrets(ctx context.Context, pv *corev1.PersistentVol
 	if name, ns := pv.Annotations[SecretNameAnnotation], pv.Annotations[SecretNamespaceAnnotation]; name != "" && ns != "" {
 		ref = &corev1.SecretReference{Namespace: ns, Name: name}
 	}
-	return kube.ReadSecret(ctx, c.client, ref, "modify")
+	return kube.ReadSecret(ctx, c.cfg.Client, ref, "modify")
 }
