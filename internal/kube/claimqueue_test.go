@@ -181,6 +181,35 @@ func TestClaimRead(t *testing.T) {
 	kubetest.Diff(t, "requests of a stale read", []kubetest.Action{claimtest.Get("persistentvolumeclaims", claimtest.Namespace, "a")}, f.Actions())
 }
 
+// TestClaimAndVolume: the claim and its volume of the driver; nothing for
+// a claim the controller does not want (its volume unread), for a missing
+// volume and for another driver's.
+func TestClaimAndVolume(t *testing.T) {
+	objs := []runtime.Object{
+		claimtest.Claim("a", "1Gi", "1Gi"), claimtest.Volume("a", "1Gi"),
+		claimtest.Claim("b", "1Gi", "1Gi"), claimtest.Volume("b", "1Gi", claimtest.OfDriver("other.csi.io")),
+		claimtest.Claim("c", "1Gi", "1Gi"),
+	}
+	f, q, _ := queueFixture(t, objs, true, nil)
+	if pvc, pv, err := q.ClaimAndVolume(f.Ctx, "apps/a", nil); err != nil || pvc == nil || pv == nil || pv.Name != "pv-a" {
+		t.Errorf("ClaimAndVolume(a) = %v, %v, %v", pvc, pv, err)
+	}
+	for _, tc := range []struct {
+		key  string
+		want func(*corev1.PersistentVolumeClaim) bool
+		acts []kubetest.Action
+	}{
+		{key: "apps/a", want: func(*corev1.PersistentVolumeClaim) bool { return false }},
+		{key: "apps/b"},
+		{key: "apps/c", acts: []kubetest.Action{claimtest.Get("persistentvolumes", "", "pv-c")}},
+	} {
+		if pvc, pv, err := q.ClaimAndVolume(f.Ctx, tc.key, tc.want); err != nil || pvc != nil || pv != nil {
+			t.Errorf("ClaimAndVolume(%s) = %v, %v, %v; want nothing", tc.key, pvc, pv, err)
+		}
+		kubetest.Diff(t, "requests for "+tc.key, tc.acts, f.Actions())
+	}
+}
+
 // TestPatchClaimStatus: nothing to write → no request; a write is recorded
 // as the controller's own; a conflict is retried on the live claim only
 // for an outcome (onLive), and otherwise makes the next read live.

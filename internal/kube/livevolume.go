@@ -34,6 +34,23 @@ func (q *ClaimQueue) Volume(ctx context.Context, name string) (*corev1.Persisten
 	return pv, nil
 }
 
+// ClaimAndVolume returns the claim of key and its volume as a sync should
+// decide on them (Claim, Volume), or nil, nil when there is nothing to
+// sync: the claim is gone or names no volume, want (nil: any claim) says
+// the claim needs no sync (checked before its volume is read), or the
+// volume does not exist or is not the driver's.
+func (q *ClaimQueue) ClaimAndVolume(ctx context.Context, key string, want func(*corev1.PersistentVolumeClaim) bool) (*corev1.PersistentVolumeClaim, *corev1.PersistentVolume, error) {
+	pvc, err := q.Claim(ctx, key)
+	if err != nil || pvc == nil || want != nil && !want(pvc) {
+		return nil, nil, err
+	}
+	pv, err := q.Volume(ctx, pvc.Spec.VolumeName)
+	if err != nil || pv == nil || pv.Spec.CSI == nil || pv.Spec.CSI.Driver != q.cfg.DriverName {
+		return nil, nil, err
+	}
+	return pvc, pv, nil
+}
+
 // PatchVolume writes the merge patch data to pv (nil: nothing to do) and
 // records the resourceVersion it produced in Writes. A replica that may no
 // longer hold its Lease does not write.

@@ -24,12 +24,8 @@ import (
 // asks for. It returns nil when there is nothing to do: the claim is gone,
 // not bound, not this driver's, or has its class.
 func (c *Controller) sync(ctx context.Context, key string) error {
-	pvc, err := c.claims.Claim(ctx, key)
-	if err != nil || pvc == nil || pvc.Status.Phase != corev1.ClaimBound {
-		return err
-	}
-	pv, err := c.claims.Volume(ctx, pvc.Spec.VolumeName)
-	if err != nil || pv == nil || pv.Spec.CSI == nil || pv.Spec.CSI.Driver != c.cfg.DriverName {
+	pvc, pv, err := c.claims.ClaimAndVolume(ctx, key, bound)
+	if err != nil || pv == nil {
 		return err
 	}
 	if ref := pv.Spec.ClaimRef; ref == nil || ref.Namespace != pvc.Namespace || ref.Name != pvc.Name || ref.UID != pvc.UID {
@@ -99,6 +95,9 @@ func (c *Controller) sync(ctx context.Context, key string) error {
 	c.claims.Recorder.Event(pvc, corev1.EventTypeNormal, ReasonModify, fmt.Sprintf("external resizer is modifying volume %s with vac %s", pvc.Name, vac.Name))
 	return c.modifyTo(ctx, key, pvc, pv, vac)
 }
+
+// bound tells whether pvc is bound: only a bound claim is modified.
+func bound(pvc *corev1.PersistentVolumeClaim) bool { return pvc.Status.Phase == corev1.ClaimBound }
 
 // class returns the VolumeAttributesClass name from the cache. One that
 // does not exist is recorded as a VolumeModifyFailed Event, and its
