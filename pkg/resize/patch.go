@@ -11,6 +11,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
+
+	"github.com/loopvol/loopvol/internal/kube"
 )
 
 // The steps of an expansion, as changes of a claim. Each is applied to a
@@ -71,39 +73,43 @@ func markFailed(pvc *corev1.PersistentVolumeClaim, msg string, infeasible bool, 
 
 // patchClaim applies change to a copy of pvc and writes the difference to
 // the status subresource, with pvc's resourceVersion as a precondition. It
-// returns the claim as written (pvc itself when nothing changed). On a
-// conflict it reads the claim again and, when onLive, applies change to the
-// live copy once more: the outcome of a driver call is a fact about the
-// volume and holds for any version of the claim. Otherwise it fails, and
-// the next sync decides afresh on the live claim.
+// returns the claim as written (pvc itself when nothing changed or the
+// write failed). On a conflict it reads the claim again and, when onLive,
+// applies change to the live copy once more (kube.RetryStale): the
+// outcome of a driver call is a fact about the volume and holds for any
+// version of the claim. Otherwise, or when that write conflicts too, it
+// fails, and the next sync decides afresh on the live claim.
 func (c *Controller) patchClaim(ctx context.Context, pvc *corev1.PersistentVolumeClaim, onLive bool, change func(*corev1.PersistentVolumeClaim)) (*corev1.PersistentVolumeClaim, error) {
-	key := claimKey(pvc)
-	for try := 0; ; try++ {
-		next := pvc.DeepCopy()
+	key, claims := claimKey(pvc), c.client.CoreV1().PersistentVolumeClaims(pvc.Namespace)
+	written, tries := pvc, 0
+	read := func(ctx context.Context) (*corev1.PersistentVolumeClaim, error) {
+		return claims.Get(ctx, pvc.Name, metav1.GetOptions{})
+	}
+	err := kube.RetryStale(ctx, pvc, func(err error) bool { return onLive && apierrors.IsConflict(err) }, read, func(ctx context.Context, cur *corev1.PersistentVolumeClaim) error {
+		tries++
+		next := cur.DeepCopy()
 		change(next)
-		data := claimPatch(pvc, next)
+		data := claimPatch(cur, next)
 		if data == nil {
-			return pvc, nil
+			written = cur
+			return nil
 		}
 		klog.FromContext(ctx).V(5).Info("Patching PersistentVolumeClaim status", "patch", string(data))
-		out, err := c.client.CoreV1().PersistentVolumeClaims(pvc.Namespace).Patch(ctx, pvc.Name, types.MergePatchType, data, metav1.PatchOptions{}, "status")
-		if err == nil {
-			c.state.recordWrite(key, out.ResourceVersion)
-			return out, nil
+		out, err := claims.Patch(ctx, cur.Name, types.MergePatchType, data, metav1.PatchOptions{}, "status")
+		if apierrors.IsConflict(err) && (!onLive || tries > 1) {
+			c.state.writes.Invalidate(key)
 		}
-		if !apierrors.IsConflict(err) {
-			return pvc, err
+		if err != nil {
+			return err
 		}
-		if !onLive || try > 0 {
-			c.state.readLive(key)
-			return pvc, err
-		}
-		live, gerr := c.client.CoreV1().PersistentVolumeClaims(pvc.Namespace).Get(ctx, pvc.Name, metav1.GetOptions{})
-		if gerr != nil {
-			return pvc, fmt.Errorf("%w (and reading it again: %w)", err, gerr)
-		}
-		pvc = live
+		c.state.writes.Record(key, out.ResourceVersion, c.clock.Now())
+		written = out
+		return nil
+	})
+	if err != nil {
+		return pvc, err
 	}
+	return written, nil
 }
 
 // patchVolume writes a merge patch (nil: nothing to do) to pv and
@@ -117,7 +123,7 @@ func (c *Controller) patchVolume(ctx context.Context, pv *corev1.PersistentVolum
 	if err != nil {
 		return err
 	}
-	c.state.recordWrite(pvKey(pv.Name), out.ResourceVersion)
+	c.state.writes.Record(pvKey(pv.Name), out.ResourceVersion, c.clock.Now())
 	return nil
 }
 
