@@ -301,8 +301,8 @@ func (c *Controller) pvWorker(ctx context.Context) {
 }
 
 // processNextVA takes one VolumeAttachment off q and syncs it, through
-// kube.Queue.ProcessNext: the only place that calls Done, Forget and the
-// rate-limited re-adds of the queues. While the driver or the API server
+// kube.Queue.ProcessNext: the only place that calls Done and that ends a
+// sync with Forget or a re-add after a backoff. While the driver or the API server
 // is away it waits with the items still queued (their backoff untouched,
 // their age visible in the metrics) rather than fail each of them: without
 // the API server the outcome of a driver call could not be recorded, so it

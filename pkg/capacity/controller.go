@@ -329,8 +329,8 @@ func (c *Controller) worker(ctx context.Context) {
 }
 
 // processNextItem takes one item off the queue and syncs it (through
-// kube.Queue.ProcessNext, the only place that calls Done, Forget and the
-// rate-limited re-adds): while the driver is away it waits with the items
+// kube.Queue.ProcessNext, the only place that calls Done and that ends a
+// sync with Forget or a re-add after a backoff): while the driver is away it waits with the items
 // still queued. Final gRPC errors of GetCapacity wait longer. It returns
 // false when the worker should stop.
 func (c *Controller) processNextItem(ctx context.Context) bool {
