@@ -10,10 +10,10 @@ import (
 	storagev1 "k8s.io/api/storage/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	testingclock "k8s.io/utils/clock/testing"
 	"k8s.io/utils/ptr"
 
 	"github.com/loopvol/loopvol/internal/kube/claimtest"
+	"github.com/loopvol/loopvol/internal/kube/kubetest"
 	"github.com/loopvol/loopvol/pkg/csiclient"
 )
 
@@ -73,7 +73,7 @@ type modifyCall struct {
 }
 
 type fakeCSI struct {
-	claimtest.FakeDriver[modifyCall]
+	kubetest.FakeDriver[modifyCall]
 	// answers are the errors of the next calls, in order (nil: success);
 	// once used up every call succeeds.
 	answers []error
@@ -105,18 +105,13 @@ func (f *fakeCSI) answer(errs ...error) {
 // cache filled by hand too.
 type fixture struct {
 	*claimtest.Fixture
-	csi   *fakeCSI
-	clock *testingclock.FakePassiveClock
-	c     *Controller
+	csi *fakeCSI
+	c   *Controller
 }
 
 func newFixture(t *testing.T, objs []runtime.Object, opts ...func(*Config)) *fixture {
 	t.Helper()
-	f := &fixture{
-		Fixture: claimtest.New(t, objs),
-		csi:     &fakeCSI{FakeDriver: claimtest.FakeDriver[modifyCall]{Caps: modifyCaps}},
-		clock:   testingclock.NewFakePassiveClock(claimtest.Now),
-	}
+	f := &fixture{Fixture: claimtest.New(t, objs), csi: &fakeCSI{FakeDriver: kubetest.FakeDriver[modifyCall]{Caps: modifyCaps}}}
 	cfg := Config{ClaimConfig: f.ClaimConfig(), CSI: f.csi}
 	for _, o := range opts {
 		o(&cfg)
@@ -125,7 +120,7 @@ func newFixture(t *testing.T, objs []runtime.Object, opts ...func(*Config)) *fix
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
-	c.clock = f.clock
+	c.clock = f.Clock
 	f.c = c
 	f.Replay = f.replayClasses
 	f.Use(c.claims)

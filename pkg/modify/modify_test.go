@@ -183,7 +183,7 @@ func TestModifyInfeasible(t *testing.T) {
 	kubetest.Diff(t, "driver calls within the slow retry window", []modifyCall(nil), f.csi.TakeCalls())
 	kubetest.Diff(t, "API actions within the slow retry window", []kubetest.Action(nil), f.Actions())
 	// After it, once.
-	f.clock.SetTime(claimtest.Now.Add(6 * time.Minute))
+	f.Clock.SetTime(claimtest.Now.Add(6 * time.Minute))
 	f.csi.answer(status.Error(codes.InvalidArgument, driverMsg))
 	f.Resync()
 	kubetest.Diff(t, "driver calls after the slow retry window", 1, len(f.csi.TakeCalls()))

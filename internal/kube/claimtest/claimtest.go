@@ -12,13 +12,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/client-go/kubernetes/fake"
-	"k8s.io/client-go/tools/record"
-	"k8s.io/klog/v2/ktesting"
 
 	"github.com/loopvol/loopvol/internal/kube"
 	"github.com/loopvol/loopvol/internal/kube/kubetest"
@@ -31,14 +27,10 @@ var (
 
 // Fixture is a claim controller's queue over a fake clientset whose
 // caches are filled by hand. Build it with New, give the controller its
-// Client, Recorder and Registry, then hand it the controller's queue with
-// Use.
+// ClaimConfig (and the Env's Clock), then hand it the controller's queue
+// with Use.
 type Fixture struct {
-	T        *testing.T
-	Ctx      context.Context
-	Client   *fake.Clientset
-	Recorder *record.FakeRecorder
-	Registry *prometheus.Registry
+	*kubetest.Env
 	// Errs are what each sync of Next and Drain returned, in order.
 	Errs []error
 	// Eager: each write is delivered to the caches and the handlers while
@@ -53,18 +45,11 @@ type Fixture struct {
 	writes []runtime.Object // the writes not yet delivered to the caches
 }
 
-// New returns a fixture whose fake API server holds objs.
+// New returns a fixture whose fake API server holds objs and whose clock
+// says Now.
 func New(t *testing.T, objs []runtime.Object) *Fixture {
 	t.Helper()
-	_, ctx := ktesting.NewTestContext(t)
-	f := &Fixture{
-		T:        t,
-		Ctx:      ctx,
-		Client:   fake.NewClientset(objs...),
-		Recorder: record.NewFakeRecorder(100),
-		Registry: prometheus.NewRegistry(),
-		objs:     objs,
-	}
+	f := &Fixture{Env: kubetest.NewEnv(t, Now, objs...), objs: objs}
 	kubetest.Serve(f.Client, kubetest.Options{Written: func(o runtime.Object) {
 		f.writes = append(f.writes, o)
 		if f.Eager {
