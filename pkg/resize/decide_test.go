@@ -5,6 +5,9 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+
+	"github.com/loopvol/loopvol/internal/kube"
+	"github.com/loopvol/loopvol/internal/kube/claimtest"
 )
 
 func resourceQ(s string) *resource.Quantity {
@@ -55,14 +58,14 @@ func TestDecide(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			pvc := claim("c", tc.request, "1Gi")
+			pvc := claimtest.Claim("c", tc.request, "1Gi")
 			if tc.allocated != "" {
-				allocated(tc.allocated, tc.status)(pvc)
+				claimtest.Allocated(tc.allocated, tc.status)(pvc)
 			} else if tc.status != none {
 				t.Fatal("a status needs an allocated size in this table")
 			}
 			if tc.fsPending {
-				condition(corev1.PersistentVolumeClaimFileSystemResizePending, "")(pvc)
+				claimtest.Condition(corev1.PersistentVolumeClaimFileSystemResizePending, "")(pvc)
 			}
 			d := decide(pvc, resource.MustParse(tc.pv), tc.finalError, !tc.nodeOnly)
 			switch {
@@ -80,10 +83,11 @@ func TestDecide(t *testing.T) {
 	}
 }
 
-// TestShouldEnqueue: which claim updates queue a sync; the controller's
-// own writes coming back never do.
+// TestShouldEnqueue: which claim updates queue a sync (the claim handler
+// with the controller's shouldEnqueue); the controller's own writes coming
+// back never do.
 func TestShouldEnqueue(t *testing.T) {
-	base := claim("c", "2Gi", "1Gi")
+	base := claimtest.Claim("c", "2Gi", "1Gi")
 	tests := []struct {
 		name   string
 		change func(*corev1.PersistentVolumeClaim)
@@ -100,10 +104,10 @@ func TestShouldEnqueue(t *testing.T) {
 		}, want: true},
 		{name: "capacity grew (the node finished)", change: func(p *corev1.PersistentVolumeClaim) { p.Status.Capacity[corev1.ResourceStorage] = *resourceQ("2Gi") }, want: true},
 		{name: "bound", change: func(p *corev1.PersistentVolumeClaim) { p.Status.Phase = corev1.ClaimLost }, want: true},
-		{name: "resize status changed by kubelet", change: allocated("2Gi", corev1.PersistentVolumeClaimNodeResizeInfeasible), want: true},
-		{name: "resizer annotation set", change: func(p *corev1.PersistentVolumeClaim) { p.Annotations = map[string]string{resizerAnn: driver} }, want: true},
+		{name: "resize status changed by kubelet", change: claimtest.Allocated("2Gi", corev1.PersistentVolumeClaimNodeResizeInfeasible), want: true},
+		{name: "resizer annotation set", change: func(p *corev1.PersistentVolumeClaim) { p.Annotations = map[string]string{resizerAnn: claimtest.Driver} }, want: true},
 		{name: "label added", change: func(p *corev1.PersistentVolumeClaim) { p.Labels = map[string]string{"a": "b"} }},
-		{name: "own write of the resize status", change: allocated("2Gi", corev1.PersistentVolumeClaimControllerResizeInProgress), own: true},
+		{name: "own write of the resize status", change: claimtest.Allocated("2Gi", corev1.PersistentVolumeClaimControllerResizeInProgress), own: true},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -114,10 +118,11 @@ func TestShouldEnqueue(t *testing.T) {
 				pvc.ResourceVersion = "2"
 			}
 			if tc.own {
-				f.c.state.recordWrite(claimKey(pvc), pvc.ResourceVersion)
+				f.c.claims.Writes.Record(kube.ClaimKey(pvc), pvc.ResourceVersion, claimtest.Now)
 			}
-			if got := f.c.shouldEnqueue(old, pvc); got != tc.want {
-				t.Errorf("shouldEnqueue = %v, want %v", got, tc.want)
+			f.c.claims.ClaimUpdated(old, pvc)
+			if got := f.c.claims.Queue.Q.Len() == 1; got != tc.want {
+				t.Errorf("queued = %v, want %v", got, tc.want)
 			}
 		})
 	}

@@ -41,5 +41,9 @@
 //
 // One queue, named "<driver>-pvc" as upstream's, with exponential backoff
 // per claim; final errors wait at least 32 initial retry intervals. The
-// Lease, annotations, Event reasons and condition types are upstream's.
+// work loop, its handlers, the claim and volume caches and reads, and the
+// record of the controller's own writes are kube.ClaimQueue, which the
+// modify controller (pkg/modify) runs on too; what stays here is the
+// expansion. The Lease,
+// annotations, Event reasons and condition types are upstream's.
 package resize

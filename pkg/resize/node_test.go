@@ -6,6 +6,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+
+	"github.com/loopvol/loopvol/internal/kube/claimtest"
 )
 
 const zoneKey = "topology.loopvol.csi.io/zone"
@@ -37,25 +39,25 @@ func TestNodeDeployment(t *testing.T) {
 		wantCalls int
 		wantGet   bool
 	}{
-		{name: "the volume's node → expanded", node: "node-a", pv: volume("c", "1Gi", inZone("node-a")), wantCalls: 1, wantGet: true},
-		{name: "another node's volume → left alone", node: "node-b", pv: volume("c", "1Gi", inZone("node-a")), wantGet: true},
-		{name: "no node affinity → left alone, node not read", node: "node-a", pv: volume("c", "1Gi")},
-		{name: "not per node → every volume", pv: volume("c", "1Gi", inZone("node-b")), wantCalls: 1},
+		{name: "the volume's node → expanded", node: "node-a", pv: claimtest.Volume("c", "1Gi", inZone("node-a")), wantCalls: 1, wantGet: true},
+		{name: "another node's volume → left alone", node: "node-b", pv: claimtest.Volume("c", "1Gi", inZone("node-a")), wantGet: true},
+		{name: "no node affinity → left alone, node not read", node: "node-a", pv: claimtest.Volume("c", "1Gi")},
+		{name: "not per node → every volume", pv: claimtest.Volume("c", "1Gi", inZone("node-b")), wantCalls: 1},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			objs := append([]runtime.Object{claim("c", "2Gi", "1Gi"), tc.pv}, nodes...)
+			objs := append([]runtime.Object{claimtest.Claim("c", "2Gi", "1Gi"), tc.pv}, nodes...)
 			f := newFixture(t, expandCaps, objs, func(c *Config) { c.NodeName = tc.node })
-			f.queueAll()
-			f.drain()
-			if err := f.errs[0]; err != nil {
+			f.QueueAll()
+			f.Drain()
+			if err := f.Errs[0]; err != nil {
 				t.Fatalf("sync: %v", err)
 			}
-			acts := f.actions()
-			if got := len(acts) > 0 && acts[0] == get("nodes", "", tc.node); got != tc.wantGet {
+			acts := f.Actions()
+			if got := len(acts) > 0 && acts[0] == claimtest.Get("nodes", "", tc.node); got != tc.wantGet {
 				t.Errorf("read the Node first: %v, want %v (actions %+v)", got, tc.wantGet, acts)
 			}
-			if n := len(f.csi.takeCalls()); n != tc.wantCalls {
+			if n := len(f.csi.TakeCalls()); n != tc.wantCalls {
 				t.Errorf("%d driver calls, want %d", n, tc.wantCalls)
 			}
 		})

@@ -8,10 +8,7 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 
 	"github.com/loopvol/loopvol/internal/kube"
@@ -22,33 +19,8 @@ import (
 // the controller's part goes. It returns nil when there is nothing to do:
 // the claim is gone, not bound, not this driver's, or not asking for more.
 func (c *Controller) sync(ctx context.Context, key string) error {
-	ns, name, err := cache.SplitMetaNamespaceKey(key)
-	if err != nil {
-		return permanent(fmt.Errorf("bad claim key %q: %w", key, err))
-	}
-	pvc, err := c.pvcLister.PersistentVolumeClaims(ns).Get(name)
-	if apierrors.IsNotFound(err) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	if pvc.Spec.VolumeName == "" {
-		return nil
-	}
-	if c.state.stale(key, pvc.ResourceVersion) {
-		// The cache has not seen the controller's last write yet, or a
-		// write conflicted: decide on the live object.
-		pvc, err = c.client.CoreV1().PersistentVolumeClaims(ns).Get(ctx, name, metav1.GetOptions{})
-		if apierrors.IsNotFound(err) {
-			return nil
-		}
-		if err != nil {
-			return fmt.Errorf("read PersistentVolumeClaim %s: %w", key, err)
-		}
-	}
-	pv, err := c.volume(ctx, pvc.Spec.VolumeName)
-	if err != nil || pv == nil || pv.Spec.CSI == nil || pv.Spec.CSI.Driver != c.cfg.DriverName {
+	pvc, pv, err := c.claims.ClaimAndVolume(ctx, key, nil)
+	if err != nil || pv == nil {
 		return err
 	}
 	logger := klog.LoggerWithValues(klog.FromContext(ctx), "persistentVolumeClaim", klog.KObj(pvc), "persistentVolume", klog.KObj(pv))
@@ -59,7 +31,7 @@ func (c *Controller) sync(ctx context.Context, key string) error {
 		logger.V(5).Info("Claim needs no expansion")
 		return nil
 	}
-	if mine, err := kube.VolumeOnNode(ctx, c.client, c.cfg.NodeName, pv); err != nil || !mine {
+	if mine, err := c.claims.OnNode(ctx, pv); err != nil || !mine {
 		return err
 	}
 	if dropAnnotation {
@@ -82,7 +54,7 @@ func (c *Controller) sync(ctx context.Context, key string) error {
 			return err
 		}
 		if !ok {
-			return permanent(fmt.Errorf("driver %s expands volumes neither in its controller (EXPAND_VOLUME) nor on the node (node EXPAND_VOLUME)", c.cfg.DriverName))
+			return kube.Permanent(fmt.Errorf("driver %s expands volumes neither in its controller (EXPAND_VOLUME) nor on the node (node EXPAND_VOLUME)", c.cfg.DriverName))
 		}
 	}
 	d := decide(pvc, pv.Spec.Capacity[corev1.ResourceStorage], c.state.hasFinalError(key), controllerExpansion)
@@ -92,28 +64,6 @@ func (c *Controller) sync(ctx context.Context, key string) error {
 		return nil
 	}
 	return c.expand(ctx, key, pvc, pv, d, caps)
-}
-
-// volume returns the PersistentVolume name from the cache, or from the API
-// server when the cache lacks it or has not seen the controller's last
-// write of it. It returns nil when the volume does not exist: the claim is
-// queued again when it appears.
-func (c *Controller) volume(ctx context.Context, name string) (*corev1.PersistentVolume, error) {
-	pv, err := c.pvLister.Get(name)
-	switch {
-	case err == nil && !c.state.stale(pvKey(name), pv.ResourceVersion):
-		return pv, nil
-	case err != nil && !apierrors.IsNotFound(err):
-		return nil, err
-	}
-	pv, err = c.client.CoreV1().PersistentVolumes().Get(ctx, name, metav1.GetOptions{})
-	if apierrors.IsNotFound(err) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("read PersistentVolume %s: %w", name, err)
-	}
-	return pv, nil
 }
 
 // nodeExpands asks the driver whether its node service expands volumes
@@ -168,11 +118,11 @@ func (c *Controller) expand(ctx context.Context, key string, pvc *corev1.Persist
 		if inUse {
 			// Calling the driver again would only fail the same way.
 			msg := fmt.Sprintf("Unable to expand %s: driver %s expands only volumes not in use, and a pod uses it", key, c.cfg.DriverName)
-			c.recorder.Event(pvc, corev1.EventTypeWarning, ReasonResizeFailed, msg)
+			c.claims.Recorder.Event(pvc, corev1.EventTypeWarning, ReasonResizeFailed, msg)
 			return errors.New(msg)
 		}
 	}
-	c.recorder.Event(pvc, corev1.EventTypeNormal, ReasonResizing, fmt.Sprintf("External resizer is resizing volume %s", pv.Name))
+	c.claims.Recorder.Event(pvc, corev1.EventTypeNormal, ReasonResizing, fmt.Sprintf("External resizer is resizing volume %s", pv.Name))
 	c.state.setInUse(uid, false)
 	size, nodeNeeded, err := c.resizeVolume(ctx, pv, d.target, caps)
 	if err != nil {
@@ -191,16 +141,16 @@ func (c *Controller) expand(ctx context.Context, key string, pvc *corev1.Persist
 		if _, err := c.patchClaim(ctx, pvc, true, func(p *corev1.PersistentVolumeClaim) { markNodePending(p, now) }); err != nil {
 			return fmt.Errorf("mark PersistentVolumeClaim %s for node expansion: %w", key, err)
 		}
-		c.recorder.Event(pvc, corev1.EventTypeNormal, ReasonFileSystemResizeRequired, "Require file system resize of volume on node")
+		c.claims.Recorder.Event(pvc, corev1.EventTypeNormal, ReasonFileSystemResizeRequired, "Require file system resize of volume on node")
 		logger.V(2).Info("Expanded volume; the node grows the filesystem", "size", size.String())
 	} else {
 		if _, err := c.patchClaim(ctx, pvc, true, func(p *corev1.PersistentVolumeClaim) { markFinished(p, size, now) }); err != nil {
 			return fmt.Errorf("mark PersistentVolumeClaim %s as resized: %w", key, err)
 		}
-		c.recorder.Event(pvc, corev1.EventTypeNormal, ReasonResizeSuccessful, "Resize volume succeeded")
+		c.claims.Recorder.Event(pvc, corev1.EventTypeNormal, ReasonResizeSuccessful, "Resize volume succeeded")
 		logger.V(2).Info("Expanded volume", "size", size.String())
 	}
-	c.metrics.Done.Inc()
+	c.claims.Metrics.Done.Inc()
 	return nil
 }
 
@@ -213,11 +163,11 @@ func (c *Controller) resizeVolume(ctx context.Context, pv *corev1.PersistentVolu
 	}
 	src := pv.Spec.CSI
 	if src.VolumeHandle == "" {
-		return target, false, permanent(errors.New("the PersistentVolume's CSI source has an empty volumeHandle"))
+		return target, false, kube.Permanent(errors.New("the PersistentVolume's CSI source has an empty volumeHandle"))
 	}
 	capability, err := kube.VolumeCapability(&pv.Spec, caps.SingleNodeMultiWriter, "")
 	if err != nil {
-		return target, false, permanent(err)
+		return target, false, kube.Permanent(err)
 	}
 	secrets, err := kube.ReadSecret(ctx, c.client, src.ControllerExpandSecretRef, "controllerExpandSecretRef")
 	if err != nil {
@@ -252,7 +202,7 @@ func (c *Controller) resizeVolume(ctx context.Context, pv *corev1.PersistentVolu
 // ControllerResizeInfeasible, which lets the user lower the request again.
 // It returns cause for the retry.
 func (c *Controller) failed(ctx context.Context, key string, pvc *corev1.PersistentVolumeClaim, pv *corev1.PersistentVolume, cause error) error {
-	code, hasCode := c.metrics.Failed(cause)
+	code, hasCode := c.claims.Metrics.Failed(cause)
 	if hasCode && code == codes.FailedPrecondition {
 		c.state.setInUse(string(pvc.UID), true)
 	}
@@ -267,6 +217,6 @@ func (c *Controller) failed(ctx context.Context, key string, pvc *corev1.Persist
 			klog.FromContext(ctx).Error(err, "Recording the failed expansion in the claim's status failed")
 		}
 	}
-	c.recorder.Event(pvc, corev1.EventTypeWarning, ReasonResizeFailed, msg)
+	c.claims.Recorder.Event(pvc, corev1.EventTypeWarning, ReasonResizeFailed, msg)
 	return err
 }
