@@ -123,7 +123,7 @@ func (c *Controller) patchVolume(ctx context.Context, pv *corev1.PersistentVolum
 	if err != nil {
 		return err
 	}
-	c.state.writes.Record(pvKey(pv.Name), out.ResourceVersion, c.clock.Now())
+	c.state.writes.Record(kube.VolumeKey(pv.Name), out.ResourceVersion, c.clock.Now())
 	return nil
 }
 

@@ -2,7 +2,6 @@ package resize
 
 import (
 	"sync"
-	"time"
 
 	"github.com/loopvol/loopvol/internal/kube"
 )
@@ -12,7 +11,8 @@ import (
 // correctness after a restart: it only saves API reads and driver calls.
 type claimState struct {
 	// writes are the controller's own writes of claims (by claim key) and
-	// volumes (by pvKey), the one tracker of kube.Writes: a cached copy
+	// volumes (by kube.VolumeKey), the one tracker of kube.Writes, shared
+	// with the claim queue (kube.ClaimQueueConfig.Writes): a cached copy
 	// older than the last has not seen that write yet, and an update event
 	// that brings one of them is the controller's own write coming back.
 	// One sync writes a claim up to twice before the watch delivers the
@@ -38,38 +38,9 @@ func newClaimState() *claimState {
 	return &claimState{writes: kube.NewWrites[string](keptWrites), finalError: map[string]bool{}, inUse: map[string]bool{}}
 }
 
-// pvKey is the key of volume name in writes, apart from every claim key.
-func pvKey(name string) string { return kube.VolumeKey(name) }
-
 // keptWrites bounds how many of its own writes of one object the
 // controller recognises.
 const keptWrites = 4
-
-// The methods below are the names the claim queue, the handlers and the
-// sync use for writes.
-
-func (s *claimState) recordWrite(key, rv string) { s.writes.Record(key, rv, time.Time{}) }
-
-// ownWrite tells whether rv is a version one of the controller's recent
-// writes of key produced.
-func (s *claimState) ownWrite(key, rv string) bool { return s.writes.Own(key, rv) }
-
-// begin records that a sync of key starts.
-func (s *claimState) begin(key string) { s.writes.Begin(key) }
-
-// deferEvent holds back an update event (its resourceVersion rv) of a
-// claim being synced, and tells whether it did.
-func (s *claimState) deferEvent(key, rv string) bool { return s.writes.Hold(key, rv) }
-
-// end records that the sync of key is over, and tells whether an event
-// held back meanwhile was someone else's write (the claim must be synced
-// again).
-func (s *claimState) end(key string) bool { return s.writes.End(key) }
-
-// stale tells whether rv, a cached resourceVersion of key, is older than
-// the controller's last write of key, or a write of key conflicted since
-// the last sync (once).
-func (s *claimState) stale(key, rv string) bool { return s.writes.Stale(key, rv) }
 
 func (s *claimState) setFinalError(key string, final bool) {
 	s.mu.Lock()
@@ -103,14 +74,10 @@ func (s *claimState) hadInUseError(uid string) bool {
 	return s.inUse[uid]
 }
 
-// drop forgets a deleted claim.
+// drop forgets a deleted claim; the claim queue forgets its writes.
 func (s *claimState) drop(key, uid string) {
-	s.writes.Forget(key)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	delete(s.finalError, key)
 	delete(s.inUse, uid)
 }
-
-// dropVolume forgets a deleted volume.
-func (s *claimState) dropVolume(name string) { s.writes.Forget(pvKey(name)) }
