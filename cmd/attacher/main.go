@@ -20,18 +20,16 @@ import (
 	"io"
 	"net"
 	"os"
-	"os/signal"
 	"runtime/debug"
 	"slices"
 	"strings"
-	"syscall"
 	"time"
 
 	"k8s.io/client-go/tools/leaderelection"
-	"k8s.io/component-base/featuregate"
-	"k8s.io/component-base/logs"
 	logsapi "k8s.io/component-base/logs/api/v1"
 	"k8s.io/klog/v2"
+
+	"github.com/loopvol/loopvol/internal/command"
 )
 
 // version is set at build time (-ldflags "-X main.version=...").
@@ -119,17 +117,15 @@ func mainWithCode(args []string, stdout, stderr io.Writer) int {
 		return 0
 	}
 
-	logs.InitLogs()
-	defer logs.FlushLogs()
-	fg := featuregate.NewFeatureGate()
-	if err := logsapi.AddFeatureGates(fg); err != nil {
-		fmt.Fprintf(stderr, "attacher: logging feature gates: %v\n", err)
+	flush, err := command.StartLogging(cfg.logging)
+	if err != nil {
+		fmt.Fprintf(stderr, "attacher: %v\n", err)
+		if command.IsFlagError(err) {
+			return 2
+		}
 		return 1
 	}
-	if err := logsapi.ValidateAndApply(cfg.logging, fg); err != nil {
-		fmt.Fprintf(stderr, "attacher: logging flags: %v\n", err)
-		return 2
-	}
+	defer flush()
 
 	// The sidecar runs next to every driver, and its memory counts more
 	// than the little CPU a busier garbage collector costs: collect when the
@@ -139,24 +135,12 @@ func mainWithCode(args []string, stdout, stderr io.Writer) int {
 	if os.Getenv("GOGC") == "" {
 		debug.SetGCPercent(25)
 	}
-	ctx := signalContext(klog.NewContext(context.Background(), klog.Background().WithName("attacher")))
+	ctx := command.SignalContext(klog.NewContext(context.Background(), klog.Background().WithName("attacher")))
 	if err := run(ctx, cfg); err != nil {
 		klog.FromContext(ctx).Error(err, "Attacher failed")
 		return 1
 	}
 	return 0
-}
-
-// signalContext returns a context that ends on the first SIGINT or SIGTERM.
-// After that the default handling is back, so a second signal kills the
-// process at once.
-func signalContext(parent context.Context) context.Context {
-	ctx, stop := signal.NotifyContext(parent, os.Interrupt, syscall.SIGTERM)
-	go func() {
-		<-ctx.Done()
-		stop()
-	}()
-	return ctx
 }
 
 // parseFlags reads args into a config and validates it; getenv supplies
@@ -165,16 +149,8 @@ func signalContext(parent context.Context) context.Context {
 func parseFlags(args []string, output io.Writer, getenv func(string) string) (*config, error) {
 	cfg := &config{logging: logsapi.NewLoggingConfiguration()}
 	fs, controllers := newFlagSet(cfg, getenv)
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			fmt.Fprintf(output, "Usage: attacher [flags]\n\nloopvol's CSI sidecar: external-attacher, the capacity controller of external-provisioner,\nnode-driver-registrar and external-resizer in one binary, chosen with --controllers.\n\nFlags:\n")
-			fs.SetOutput(output)
-			fs.PrintDefaults()
-		}
+	if err := command.Parse(fs, args, output, "Usage: attacher [flags]\n\nloopvol's CSI sidecar: external-attacher, the capacity controller of external-provisioner,\nnode-driver-registrar and external-resizer in one binary, chosen with --controllers."); err != nil {
 		return nil, err
-	}
-	if fs.NArg() > 0 {
-		return nil, fmt.Errorf("unexpected arguments %q (every option is a --flag)", fs.Args())
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })

@@ -15,15 +15,12 @@ import (
 	"io"
 	"net"
 	"os"
-	"os/signal"
 	"strings"
-	"syscall"
 
-	"k8s.io/component-base/featuregate"
-	"k8s.io/component-base/logs"
 	logsapi "k8s.io/component-base/logs/api/v1"
 	"k8s.io/klog/v2"
 
+	"github.com/loopvol/loopvol/internal/command"
 	"github.com/loopvol/loopvol/pkg/csiserver"
 	"github.com/loopvol/loopvol/pkg/pool"
 	"github.com/loopvol/loopvol/pkg/volspec"
@@ -92,33 +89,22 @@ func mainWithCode(args []string, stdout, stderr io.Writer) int {
 		return 0
 	}
 
-	logs.InitLogs()
-	defer logs.FlushLogs()
-	fg := featuregate.NewFeatureGate()
-	if err := logsapi.AddFeatureGates(fg); err != nil {
-		fmt.Fprintf(stderr, "driver: logging feature gates: %v\n", err)
+	flush, err := command.StartLogging(cfg.logging)
+	if err != nil {
+		fmt.Fprintf(stderr, "driver: %v\n", err)
+		if command.IsFlagError(err) {
+			return 2
+		}
 		return 1
 	}
-	if err := logsapi.ValidateAndApply(cfg.logging, fg); err != nil {
-		fmt.Fprintf(stderr, "driver: logging flags: %v\n", err)
-		return 2
-	}
+	defer flush()
 
-	ctx := signalContext(klog.NewContext(context.Background(), klog.Background()))
+	ctx := command.SignalContext(klog.NewContext(context.Background(), klog.Background()))
 	if err := run(ctx, cfg, net.Listen); err != nil {
 		klog.FromContext(ctx).Error(err, "Driver failed")
 		return 1
 	}
 	return 0
-}
-
-// signalContext returns a context that ends on the first SIGINT or SIGTERM:
-// the servers stop and the driver exits. After that the default handling is
-// back, so a second signal kills the process at once.
-func signalContext(parent context.Context) context.Context {
-	ctx, stop := signal.NotifyContext(parent, os.Interrupt, syscall.SIGTERM)
-	context.AfterFunc(ctx, stop)
-	return ctx
 }
 
 // parseFlags reads args into a config and validates it; host is the
@@ -127,16 +113,8 @@ func signalContext(parent context.Context) context.Context {
 func parseFlags(args []string, output io.Writer, host string) (*config, error) {
 	cfg := &config{logging: logsapi.NewLoggingConfiguration()}
 	fs := newFlagSet(cfg, host)
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			fmt.Fprintf(output, "Usage: driver [flags]\n\nloopvol's CSI driver: the Identity service with the Controller service, the Node service or both on one unix socket.\n\nFlags:\n")
-			fs.SetOutput(output)
-			fs.PrintDefaults()
-		}
+	if err := command.Parse(fs, args, output, "Usage: driver [flags]\n\nloopvol's CSI driver: the Identity service with the Controller service, the Node service or both on one unix socket."); err != nil {
 		return nil, err
-	}
-	if fs.NArg() > 0 {
-		return nil, fmt.Errorf("unexpected arguments %q (every option is a --flag)", fs.Args())
 	}
 	if cfg.showVersion {
 		return cfg, nil
