@@ -138,8 +138,6 @@ func freeAddress(t *testing.T) string {
 // without a restart and that the configuration's caBundle follows, with
 // exactly one get and one patch of that one object per change.
 func TestRunRotatesCertificate(t *testing.T) {
-	_, ctx := ktesting.NewTestContext(t)
-	ctx, cancel := context.WithCancel(ctx)
 	dir := t.TempDir()
 	ca1 := testcert.Loopback(t).Write(t, dir)
 	vwc := &admissionregistrationv1.ValidatingWebhookConfiguration{
@@ -150,23 +148,10 @@ func TestRunRotatesCertificate(t *testing.T) {
 		Webhooks: []admissionregistrationv1.ValidatingWebhook{{Name: "x.example.com"}}}
 	client := fake.NewClientset(vwc, other)
 	addr := freeAddress(t)
-	clk := testingclock.NewFakeClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
-	w, err := New(Config{
+	ctx, clk, _, _ := start(t, Config{
 		DriverName: testDriver, Informers: kube.NewInformers(client, 0), Namespace: "loopvol", CSI: &fakeCSI{},
 		Address: addr, CertDir: dir, ConfigName: "loopvol-webhook",
-		Configs: client.AdmissionregistrationV1().ValidatingWebhookConfigurations(), Clock: clk,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	w.cfg.Informers.Start(ctx)
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
+		Configs: client.AdmissionregistrationV1().ValidatingWebhookConfigurations(),
 	})
 
 	post := func(ca []byte) error {
@@ -285,27 +270,12 @@ func BenchmarkServeHTTP(b *testing.B) {
 // webhook neither exits nor serves; Ready says what it waits for; once the
 // files appear it serves with them.
 func TestRunWaitsForTheCertificate(t *testing.T) {
-	_, ctx := ktesting.NewTestContext(t)
-	ctx, cancel := context.WithCancel(ctx)
 	dir := t.TempDir()
 	client := fake.NewClientset()
 	addr := freeAddress(t)
-	clk := testingclock.NewFakeClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
-	w, err := New(Config{
+	ctx, clk, w, done := start(t, Config{
 		DriverName: testDriver, Informers: kube.NewInformers(client, 0), Namespace: "loopvol", CSI: &fakeCSI{},
-		Address: addr, CertDir: dir, Clock: clk,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	w.cfg.Informers.Start(ctx)
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
+		Address: addr, CertDir: dir,
 	})
 	if err := wait.PollUntilContextTimeout(ctx, 10*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
 		err := w.Ready()
@@ -367,4 +337,30 @@ func eventually(t *testing.T, what string, cond func() bool) {
 		func(context.Context) (bool, error) { return cond(), nil }); err != nil {
 		t.Fatalf("%s: not reached after 30s", what)
 	}
+}
+
+// start builds the webhook of cfg on a fake clock and runs it, and its
+// informers, until the test ends; Run must then have returned nil. It
+// returns the test's context, the clock, the webhook and what Run
+// returned (once it has).
+func start(t *testing.T, cfg Config) (context.Context, *testingclock.FakeClock, *Webhook, <-chan error) {
+	t.Helper()
+	_, ctx := ktesting.NewTestContext(t)
+	ctx, cancel := context.WithCancel(ctx)
+	clk := testingclock.NewFakeClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
+	cfg.Clock = clk
+	w, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Informers.Start(ctx)
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	return ctx, clk, w, done
 }
