@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -37,24 +38,35 @@ func kubeletConfig(t *testing.T, d Driver) Config {
 }
 
 // start runs a registrar until the test ends; the cleanup checks that Run
-// returned nil and that the socket is gone, unless keepSocket.
+// returned nil.
 func start(t *testing.T, cfg Config) *Registrar {
+	t.Helper()
+	r, stop := run(t, cfg)
+	t.Cleanup(func() {
+		if err := stop(); err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	return r
+}
+
+// run runs a registrar until stop, which returns what Run returned, or
+// until the test ends.
+func run(t *testing.T, cfg Config) (*Registrar, func() error) {
 	t.Helper()
 	_, ctx := ktesting.NewTestContext(t)
 	ctx, cancel := context.WithCancel(ctx)
+	t.Cleanup(cancel)
 	r, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
-	t.Cleanup(func() {
+	return r, sync.OnceValue(func() error {
 		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
+		return <-done
 	})
-	return r
 }
 
 // kubelet is the test playing kubelet's plugin watcher.
@@ -278,15 +290,7 @@ func TestRegistrationLeavesAReplacementAlone(t *testing.T) {
 	cfg := kubeletConfig(t, newFakeDriver(0))
 	// The other process never answers GetInfo: each Healthy waits this out.
 	cfg.HealthTimeout = 50 * time.Millisecond
-	_, ctx := ktesting.NewTestContext(t)
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	r, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
+	r, stop := run(t, cfg)
 	k := kubelet{t: t, path: r.SocketPath()}
 	k.waitServed()
 	k.notify(true, "")
@@ -316,8 +320,7 @@ func TestRegistrationLeavesAReplacementAlone(t *testing.T) {
 	if !inPlace() {
 		t.Fatal("the registrar took the path back")
 	}
-	cancel()
-	if err := <-done; err != nil {
+	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
 	if !inPlace() {
@@ -326,18 +329,9 @@ func TestRegistrationLeavesAReplacementAlone(t *testing.T) {
 }
 
 func TestRegistrationRemovesItsSocketAtTheEnd(t *testing.T) {
-	cfg := kubeletConfig(t, newFakeDriver(0))
-	_, ctx := ktesting.NewTestContext(t)
-	ctx, cancel := context.WithCancel(ctx)
-	r, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
+	r, stop := run(t, kubeletConfig(t, newFakeDriver(0)))
 	kubelet{t: t, path: r.SocketPath()}.waitServed()
-	cancel()
-	if err := <-done; err != nil {
+	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Lstat(r.SocketPath()); !errors.Is(err, fs.ErrNotExist) {
