@@ -1,12 +1,16 @@
 package kube
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/client-go/tools/record"
+	"k8s.io/utils/clock"
+
+	"github.com/loopvol/loopvol/pkg/csiclient"
 )
 
 // ClaimConfig is the part of a claim controller's Config that the claim
@@ -43,11 +47,26 @@ type ClaimConfig struct {
 	// affinity admits that node (--node-deployment: one sidecar per node,
 	// next to a driver that serves only that node's pools; VolumeOnNode).
 	NodeName string
+	// Clock is the controllers' clock (condition times, retry windows, the
+	// times of their own writes). Optional: nil is the real clock.
+	Clock clock.PassiveClock
+}
+
+// ClaimDriver is the part of a CSI driver connection every claim
+// controller uses; *csiclient.Client implements it. Each controller's own
+// interface adds the RPCs it calls.
+type ClaimDriver interface {
+	// WaitReady blocks until the driver is connected and ready, or ctx
+	// ends (then it returns ctx's error). Workers wait here while the
+	// driver socket is gone, instead of failing every claim.
+	WaitReady(ctx context.Context) error
+	// Capabilities returns the driver's current capabilities.
+	Capabilities() csiclient.Capabilities
 }
 
 // Validate reports the first field of c that cannot work, or that driver,
 // the controller's CSI driver connection, is nil.
-func (c ClaimConfig) Validate(driver any) error {
+func (c ClaimConfig) Validate(driver ClaimDriver) error {
 	switch {
 	case c.DriverName == "":
 		return errors.New("the driver name is empty")

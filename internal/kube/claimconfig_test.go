@@ -1,12 +1,21 @@
 package kube
 
 import (
+	"context"
 	"strings"
 	"testing"
 	"time"
 
 	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/loopvol/loopvol/pkg/csiclient"
 )
+
+// readyDriver is a ClaimDriver without capabilities.
+type readyDriver struct{}
+
+func (readyDriver) WaitReady(ctx context.Context) error  { return ctx.Err() }
+func (readyDriver) Capabilities() csiclient.Capabilities { return csiclient.Capabilities{} }
 
 func TestClaimConfigValidate(t *testing.T) {
 	client := fake.NewClientset()
@@ -29,7 +38,7 @@ func TestClaimConfigValidate(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			c := good
 			tc.change(&c)
-			var csi any = struct{}{}
+			var csi ClaimDriver = readyDriver{}
 			if tc.noCSI {
 				csi = nil
 			}

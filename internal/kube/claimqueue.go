@@ -64,15 +64,16 @@ type ClaimQueue struct {
 	Recorder record.EventRecorder
 	// Metrics are the controller's own metrics.
 	Metrics *ClaimMetrics
+	// Clock is the controller's clock: ClaimConfig.Clock, or the real one.
+	Clock clock.PassiveClock
 
 	PVCInformer cache.SharedIndexInformer
 	PVInformer  cache.SharedIndexInformer
 	PVCs        corelisters.PersistentVolumeClaimLister
 	PVs         corelisters.PersistentVolumeLister
 
-	cfg   ClaimQueueConfig
-	api   *APIHealth
-	clock clock.PassiveClock
+	cfg ClaimQueueConfig
+	api *APIHealth
 }
 
 // keptWrites bounds how many of its own writes of one object a claim
@@ -97,7 +98,10 @@ func NewClaimQueue(cfg ClaimQueueConfig) (*ClaimQueue, error) {
 		PVInformer:  cfg.Informers.PersistentVolumes(PVResize),
 		cfg:         cfg,
 		api:         cfg.Informers.APIHealth(),
-		clock:       clock.RealClock{},
+		Clock:       cfg.Clock,
+	}
+	if q.Clock == nil {
+		q.Clock = clock.RealClock{}
 	}
 	if q.Writes == nil {
 		q.Writes = NewWrites[string](keptWrites)

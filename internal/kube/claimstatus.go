@@ -83,7 +83,7 @@ func (q *ClaimQueue) PatchClaimStatus(ctx context.Context, pvc *corev1.Persisten
 			}
 			return err
 		}
-		q.Writes.Record(key, out.ResourceVersion, q.clock.Now())
+		q.Writes.Record(key, out.ResourceVersion, q.Clock.Now())
 		written = out
 		return nil
 	}

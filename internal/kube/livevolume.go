@@ -66,6 +66,6 @@ func (q *ClaimQueue) PatchVolume(ctx context.Context, pv *corev1.PersistentVolum
 	if err != nil {
 		return err
 	}
-	q.Writes.Record(VolumeKey(pv.Name), out.ResourceVersion, q.clock.Now())
+	q.Writes.Record(VolumeKey(pv.Name), out.ResourceVersion, q.Clock.Now())
 	return nil
 }

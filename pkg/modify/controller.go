@@ -12,7 +12,6 @@ import (
 	storagelisters "k8s.io/client-go/listers/storage/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
-	"k8s.io/utils/clock"
 
 	"github.com/loopvol/loopvol/internal/kube"
 	"github.com/loopvol/loopvol/pkg/csiclient"
@@ -21,10 +20,7 @@ import (
 // CSI is the part of a driver connection the modify controller uses;
 // *csiclient.Client implements it.
 type CSI interface {
-	// WaitReady blocks until the driver is connected and ready, or ctx ends.
-	WaitReady(ctx context.Context) error
-	// Capabilities returns the driver's current capabilities.
-	Capabilities() csiclient.Capabilities
+	kube.ClaimDriver
 	// ControllerModifyVolume applies mutable parameters to a volume. Errors
 	// keep their gRPC status. Asked only of drivers with MODIFY_VOLUME.
 	ControllerModifyVolume(ctx context.Context, req *csi.ControllerModifyVolumeRequest) (*csi.ControllerModifyVolumeResponse, error)
@@ -88,8 +84,7 @@ func (c Config) Validate() error { return c.ClaimConfig.Validate(c.CSI) }
 // "rolled back": the ModifyingVolume condition goes, Event
 // VolumeModifyCanceled.
 type Controller struct {
-	cfg   Config
-	clock clock.PassiveClock
+	cfg Config
 
 	vacInformer cache.SharedIndexInformer
 	vacLister   storagelisters.VolumeAttributesClassLister
@@ -107,7 +102,7 @@ func New(cfg Config) (*Controller, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("modify controller: %w", err)
 	}
-	c := &Controller{cfg: cfg, clock: clock.RealClock{}, mods: newModifyState()}
+	c := &Controller{cfg: cfg, mods: newModifyState()}
 	claims, err := kube.NewClaimQueue(kube.ClaimQueueConfig{
 		ClaimConfig: cfg.ClaimConfig, Controller: "modify", Name: QueueName(cfg.DriverName), EventComponent: EventComponent(cfg.DriverName),
 		Metrics: metricNames, Ready: cfg.CSI.WaitReady, Sync: c.sync, Wants: c.shouldEnqueue,

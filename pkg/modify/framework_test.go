@@ -120,7 +120,6 @@ func newFixture(t *testing.T, objs []runtime.Object, opts ...func(*Config)) *fix
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
-	c.clock = f.Clock
 	f.c = c
 	f.Replay = f.replayClasses
 	f.Use(c.claims)

@@ -46,7 +46,7 @@ func (c *Controller) sync(ctx context.Context, key string) error {
 	}
 	// The same infeasible class is not tried again before
 	// RetryIntervalMax; a new class is tried at once.
-	if left, ok := c.mods.recentlyInfeasible(key, pvc, c.clock.Now(), c.cfg.RetryIntervalMax); ok {
+	if left, ok := c.mods.recentlyInfeasible(key, pvc, c.claims.Clock.Now(), c.cfg.RetryIntervalMax); ok {
 		return kube.Permanent(fmt.Errorf("modifying to VolumeAttributesClass %s was infeasible; the driver is asked again in %s, or at once when the claim's class changes",
 			st.TargetVolumeAttributesClassName, left.Round(time.Second)))
 	}
@@ -87,7 +87,7 @@ func (c *Controller) sync(ctx context.Context, key string) error {
 		return err
 	}
 	pvc, err = c.patchClaim(ctx, pvc, false, func(p *corev1.PersistentVolumeClaim) {
-		markModifyStatus(p, corev1.PersistentVolumeClaimModifyVolumeInProgress, vac.Name, nil, c.clock.Now())
+		markModifyStatus(p, corev1.PersistentVolumeClaimModifyVolumeInProgress, vac.Name, nil, c.claims.Clock.Now())
 	})
 	if err != nil {
 		return fmt.Errorf("mark PersistentVolumeClaim %s as modifying: %w", key, err)
@@ -193,11 +193,11 @@ func (c *Controller) modifyFailed(ctx context.Context, key string, pvc *corev1.P
 	} else {
 		if code == codes.InvalidArgument {
 			outcome = corev1.PersistentVolumeClaimModifyVolumeInfeasible
-			c.mods.setInfeasible(key, c.clock.Now())
+			c.mods.setInfeasible(key, c.claims.Clock.Now())
 		}
 		c.mods.setUncertain(key, false)
 	}
-	now := c.clock.Now()
+	now := c.claims.Clock.Now()
 	if _, perr := c.patchClaim(ctx, pvc, true, func(p *corev1.PersistentVolumeClaim) {
 		markModifyStatus(p, outcome, vac.Name, cause, now)
 	}); perr != nil {

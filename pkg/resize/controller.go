@@ -16,12 +16,7 @@ import (
 // CSI is the part of a driver connection the controller uses;
 // *csiclient.Client implements it.
 type CSI interface {
-	// WaitReady blocks until the driver is connected and ready, or ctx ends
-	// (then it returns ctx's error). Workers wait here while the driver
-	// socket is gone, instead of failing every claim.
-	WaitReady(ctx context.Context) error
-	// Capabilities returns the driver's current capabilities.
-	Capabilities() csiclient.Capabilities
+	kube.ClaimDriver
 	// ControllerExpandVolume grows a volume. Errors keep their gRPC
 	// status. Asked only of drivers with the controller's EXPAND_VOLUME.
 	ControllerExpandVolume(ctx context.Context, req *csi.ControllerExpandVolumeRequest) (*csi.ControllerExpandVolumeResponse, error)
@@ -75,7 +70,7 @@ func New(cfg Config) (*Controller, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("resize controller: %w", err)
 	}
-	c := &Controller{cfg: cfg, client: cfg.Client, csi: cfg.CSI, clock: clock.RealClock{}, state: newClaimState()}
+	c := &Controller{cfg: cfg, client: cfg.Client, csi: cfg.CSI, state: newClaimState()}
 	// Final errors wait at least 32 initial intervals (32 s at the
 	// defaults), growing to the maximum (kube.NewQueue): the same request
 	// fails the same way until someone changes it, and that change queues
@@ -89,7 +84,7 @@ func New(cfg Config) (*Controller, error) {
 	if err != nil {
 		return nil, err
 	}
-	c.claims = claims
+	c.claims, c.clock = claims, claims.Clock
 	return c, nil
 }
 

@@ -103,7 +103,6 @@ func newFixture(t *testing.T, caps csiclient.Capabilities, objs []runtime.Object
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
-	c.clock = f.Clock
 	f.c = c
 	f.Use(c.claims)
 	return f

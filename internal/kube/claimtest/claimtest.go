@@ -27,8 +27,7 @@ var (
 
 // Fixture is a claim controller's queue over a fake clientset whose
 // caches are filled by hand. Build it with New, give the controller its
-// ClaimConfig (and the Env's Clock), then hand it the controller's queue
-// with Use.
+// ClaimConfig, then hand it the controller's queue with Use.
 type Fixture struct {
 	*kubetest.Env
 	// Errs are what each sync of Next and Drain returned, in order.
@@ -61,8 +60,8 @@ func New(t *testing.T, objs []runtime.Object) *Fixture {
 
 // ClaimConfig is the configuration the fixture's controller gets: the
 // fake clientset, fresh informers over it (started by nobody: the fixture
-// fills their caches), the fixture's Recorder and Registry, one worker and
-// a backoff from one second to five minutes.
+// fills their caches), the fixture's Recorder, Registry and Clock, one
+// worker and a backoff from one second to five minutes.
 func (f *Fixture) ClaimConfig() kube.ClaimConfig {
 	return kube.ClaimConfig{
 		DriverName:         Driver,
@@ -73,6 +72,7 @@ func (f *Fixture) ClaimConfig() kube.ClaimConfig {
 		RetryIntervalStart: time.Second,
 		RetryIntervalMax:   5 * time.Minute,
 		Registerer:         f.Registry,
+		Clock:              f.Clock,
 	}
 }
 
