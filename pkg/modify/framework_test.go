@@ -112,16 +112,8 @@ type fixture struct {
 func newFixture(t *testing.T, objs []runtime.Object, opts ...func(*Config)) *fixture {
 	t.Helper()
 	f := &fixture{Fixture: claimtest.New(t, objs), csi: &fakeCSI{FakeDriver: kubetest.FakeDriver[modifyCall]{Caps: modifyCaps}}}
-	cfg := Config{ClaimConfig: f.ClaimConfig(), CSI: f.csi}
-	for _, o := range opts {
-		o(&cfg)
-	}
-	c, err := New(cfg)
-	if err != nil {
-		t.Fatalf("New: %v", err)
-	}
-	f.c = c
-	f.Replay = f.replayClasses
+	c := claimtest.Build(t, Config{ClaimConfig: f.ClaimConfig(), CSI: f.csi}, opts, New)
+	f.c, f.Replay = c, f.replayClasses
 	f.Use(c.claims)
 	for _, o := range objs {
 		if vac, ok := o.(*storagev1.VolumeAttributesClass); ok {

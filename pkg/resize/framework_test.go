@@ -90,21 +90,13 @@ type fixture struct {
 	c   *Controller
 }
 
-type fixtureOption func(*Config)
+type fixtureOption = func(*Config)
 
 func newFixture(t *testing.T, caps csiclient.Capabilities, objs []runtime.Object, opts ...fixtureOption) *fixture {
 	t.Helper()
 	f := &fixture{Fixture: claimtest.New(t, objs), csi: &fakeCSI{FakeDriver: kubetest.FakeDriver[expandCall]{Caps: caps}}}
-	cfg := Config{ClaimConfig: f.ClaimConfig(), CSI: f.csi, HandleVolumeInUseError: true, AnnotatePreResizeCapacity: true}
-	for _, o := range opts {
-		o(&cfg)
-	}
-	c, err := New(cfg)
-	if err != nil {
-		t.Fatalf("New: %v", err)
-	}
-	f.c = c
-	f.Use(c.claims)
+	f.c = claimtest.Build(t, Config{ClaimConfig: f.ClaimConfig(), CSI: f.csi, HandleVolumeInUseError: true, AnnotatePreResizeCapacity: true}, opts, New)
+	f.Use(f.c.claims)
 	return f
 }
 

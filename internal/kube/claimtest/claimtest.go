@@ -76,6 +76,20 @@ func (f *Fixture) ClaimConfig() kube.ClaimConfig {
 	}
 }
 
+// Build applies opts to cfg and builds the controller under test with
+// newController; an error fails the test.
+func Build[C, Config any](t testing.TB, cfg Config, opts []func(*Config), newController func(Config) (C, error)) C {
+	t.Helper()
+	for _, o := range opts {
+		o(&cfg)
+	}
+	c, err := newController(cfg)
+	if err != nil {
+		t.Fatalf("build the controller: %v", err)
+	}
+	return c
+}
+
 // Use makes q, the queue of the controller under test, the fixture's: the
 // claims and volumes New was given go into its caches (without calling
 // the handlers), the requests made so far are forgotten, and the queue is
