@@ -1,6 +1,7 @@
 package loop
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -28,16 +29,10 @@ const (
 	detachWait = time.Second
 )
 
-// Devices is the Linux Interface: real loop devices through ioctls and sysfs.
-type Devices struct{}
-
 var _ Interface = Devices{}
 
-// New returns the loop devices of this machine.
-func New() Devices { return Devices{} }
-
 // Attach implements Interface.
-func (Devices) Attach(ctx context.Context, imagePath string, readOnly bool) (string, error) {
+func (d Devices) Attach(ctx context.Context, imagePath string, readOnly bool) (string, error) {
 	path, err := absClean(imagePath)
 	if err != nil {
 		return "", err
@@ -52,11 +47,11 @@ func (Devices) Attach(ctx context.Context, imagePath string, readOnly bool) (str
 		return "", fmt.Errorf("open image: %w", err)
 	}
 	defer backing.Close()
-	return Devices{}.AttachFile(ctx, backing, path, readOnly)
+	return d.AttachFile(ctx, backing, path, readOnly)
 }
 
 // AttachFile implements Interface.
-func (Devices) AttachFile(ctx context.Context, backing *os.File, path string, readOnly bool) (string, error) {
+func (d Devices) AttachFile(ctx context.Context, backing *os.File, path string, readOnly bool) (string, error) {
 	st, err := backing.Stat()
 	if err != nil {
 		return "", fmt.Errorf("image %s: %w", path, err)
@@ -80,7 +75,7 @@ func (Devices) AttachFile(ctx context.Context, backing *os.File, path string, re
 			return "", fmt.Errorf("LOOP_CTL_GET_FREE: %w", err)
 		}
 		devPath := "/dev/loop" + strconv.Itoa(n)
-		err = configure(devPath, backing, path, readOnly, directIO)
+		err = configure(devPath, backing, path, d.tag, readOnly, directIO)
 		switch {
 		case err == nil:
 			return devPath, nil
@@ -100,9 +95,10 @@ func (Devices) AttachFile(ctx context.Context, backing *os.File, path string, re
 }
 
 // configure binds backing to the free device devPath with LOOP_CONFIGURE,
-// which sets the file, flags and block size in one call, so the device never
-// appears half set up to udev or to another process.
-func configure(devPath string, backing *os.File, path string, readOnly, directIO bool) error {
+// which sets the file, flags, block size and owner tag in one call, so the
+// device never appears half set up (or without its owner) to udev or to
+// another process.
+func configure(devPath string, backing *os.File, path, tag string, readOnly, directIO bool) error {
 	name, _ := deviceName(devPath)
 	if err := ensureNode(devPath, name); err != nil {
 		return err
@@ -119,8 +115,10 @@ func configure(devPath string, backing *os.File, path string, readOnly, directIO
 	if readOnly {
 		cfg.Info.Flags |= unix.LO_FLAGS_READ_ONLY
 	}
-	// lo_file_name is informational (losetup shows it); backing_file is the truth.
-	copy(cfg.Info.File_name[:len(cfg.Info.File_name)-1], path)
+	// lo_file_name is informational (backing_file is the truth for the
+	// path): it carries the owner's tag, or without an owner the path, as
+	// before owners existed.
+	copy(cfg.Info.File_name[:len(cfg.Info.File_name)-1], cmp.Or(tag, path))
 	if err := unix.IoctlLoopConfigure(int(dev.Fd()), &cfg); err != nil {
 		return fmt.Errorf("LOOP_CONFIGURE: %w", err)
 	}
@@ -149,7 +147,7 @@ func ensureNode(devPath, name string) error {
 }
 
 // Find implements Interface.
-func (Devices) Find(imagePath string) (string, bool, error) {
+func (d Devices) Find(imagePath string) (string, bool, error) {
 	path, err := absClean(imagePath)
 	if err != nil {
 		return "", false, err
@@ -169,15 +167,12 @@ func (Devices) Find(imagePath string) (string, bool, error) {
 		return "", false, fmt.Errorf("stat %s: %w", path, err)
 	}
 
-	entries, err := os.ReadDir(sysBlock)
+	names, err := attachedNames()
 	if err != nil {
-		return "", false, fmt.Errorf("list %s: %w", sysBlock, err)
+		return "", false, err
 	}
-	for _, e := range entries {
-		name := e.Name()
-		if !devPathRE.MatchString("/dev/" + name) {
-			continue
-		}
+	untagged := "" // the first untagged device of the image
+	for _, name := range names {
 		backing, deleted, err := backingFile(name)
 		if errors.Is(err, ErrNotAttached) {
 			continue
@@ -186,78 +181,150 @@ func (Devices) Find(imagePath string) (string, bool, error) {
 			return "", false, err
 		}
 		devPath := "/dev/" + name
-		if backing != path && backing != resolved {
+		byPath := backing == path || backing == resolved
+		switch {
+		case byPath && imageExists && deleted:
+			continue // the file now at the path is another one
+		case !byPath && (!imageExists || deleted || !strings.HasSuffix(backing, "/"+filepath.Base(path))):
 			// The kernel prints the path through the mount the image was
 			// opened by. When that mount is gone (the node plugin's
 			// container restarted, and with it the bind mount of the pool
 			// it attached through), the path is printed relative to the
-			// mount's root ("/volumes/<id>.img"): match such a device by
-			// the image's device and inode instead. Only devices whose
+			// mount's root ("/volumes/<id>.img"): such a device is matched
+			// by the image's device and inode below. Only devices whose
 			// path ends in the image's name are asked, so a Find costs
 			// one ioctl per candidate, not per loop device.
-			if !imageExists || deleted || !strings.HasSuffix(backing, "/"+filepath.Base(path)) {
-				continue
-			}
-			same, err := sameFile(devPath, &st)
-			if errors.Is(err, ErrNotAttached) || errors.Is(err, fs.ErrNotExist) {
-				continue
-			}
-			if err != nil {
-				return "", false, err
-			}
-			if same {
-				return devPath, true, nil
-			}
 			continue
 		}
-		if !imageExists {
-			return devPath, true, nil
-		}
-		if deleted {
-			continue // the file now at the path is another one
-		}
-		// Same path, but is it the same file? A deleted and re-created image
-		// on a filesystem that does not mark it " (deleted)" (NFS) would fool
+		// One LOOP_GET_STATUS64 tells the owner and the file. Same path,
+		// but is it the same file? A deleted and re-created image on a
+		// filesystem that does not mark it " (deleted)" (NFS) would fool
 		// the path compare; device and inode do not.
-		same, err := sameFile(devPath, &st)
+		info, err := status64(devPath)
 		if errors.Is(err, ErrNotAttached) || errors.Is(err, fs.ErrNotExist) {
 			continue // detached while we looked
 		}
 		if err != nil {
 			return "", false, err
 		}
-		if same {
+		if imageExists && (info.Inode != st.Ino || info.Device != st.Dev) {
+			continue
+		}
+		switch holderOf(d.tag, tagOf(info.File_name[:])) {
+		case heldByOwner:
 			return devPath, true, nil
+		case heldUntagged:
+			if untagged == "" {
+				untagged = devPath
+			}
 		}
 	}
-	return "", false, nil
+	return untagged, untagged != "", nil
 }
 
-// sameFile reports whether the device's backing file is the file st describes.
-func sameFile(devPath string, st *unix.Stat_t) (bool, error) {
+// List implements Interface.
+func (d Devices) List() ([]string, error) {
+	names, err := attachedNames()
+	if err != nil {
+		return nil, err
+	}
+	var devs []string
+	for _, name := range names {
+		if _, _, err := backingFile(name); err != nil {
+			continue // not attached
+		}
+		devPath := "/dev/" + name
+		if d.tag != "" {
+			info, err := status64(devPath)
+			if errors.Is(err, ErrNotAttached) || errors.Is(err, fs.ErrNotExist) {
+				continue
+			}
+			if err != nil {
+				return nil, err
+			}
+			if holderOf(d.tag, tagOf(info.File_name[:])) == heldByOther {
+				continue
+			}
+		}
+		devs = append(devs, devPath)
+	}
+	return devs, nil
+}
+
+// attachedNames lists the loop devices of sysfs ("loopN"), attached or not.
+func attachedNames() ([]string, error) {
+	entries, err := os.ReadDir(sysBlock)
+	if err != nil {
+		return nil, fmt.Errorf("list %s: %w", sysBlock, err)
+	}
+	var names []string
+	for _, e := range entries {
+		if devPathRE.MatchString("/dev/" + e.Name()) {
+			names = append(names, e.Name())
+		}
+	}
+	return names, nil
+}
+
+// status64 reads the device's LOOP_GET_STATUS64: its owner tag, and the
+// device and inode of its backing file.
+func status64(devPath string) (*unix.LoopInfo64, error) {
 	dev, err := os.OpenFile(devPath, os.O_RDONLY, 0)
 	if err != nil {
-		return false, fmt.Errorf("open %s: %w", devPath, err)
+		return nil, fmt.Errorf("open %s: %w", devPath, err)
 	}
 	defer dev.Close()
+	return statusOf(dev, devPath)
+}
+
+// statusOf is status64 through an open descriptor of the device.
+func statusOf(dev *os.File, devPath string) (*unix.LoopInfo64, error) {
 	info, err := unix.IoctlLoopGetStatus64(int(dev.Fd()))
 	if errors.Is(err, unix.ENXIO) {
-		return false, fmt.Errorf("%s: %w", devPath, ErrNotAttached)
+		return nil, fmt.Errorf("%s: %w", devPath, ErrNotAttached)
 	}
 	if err != nil {
-		return false, fmt.Errorf("LOOP_GET_STATUS64 %s: %w", devPath, err)
+		return nil, fmt.Errorf("LOOP_GET_STATUS64 %s: %w", devPath, err)
 	}
-	return info.Inode == st.Ino && info.Device == st.Dev, nil
+	return info, nil
+}
+
+// hold opens the attached device devPath and checks that d may act on it
+// (the owner's device or an untagged one): it fails with ErrInvalidDevice,
+// ErrNotAttached or ErrNotOwned. The caller acts through, or while holding,
+// the returned descriptor and then closes it. Holding it pins the check:
+// while the device is open, LOOP_CLR_FD by anyone only marks it for
+// autoclear on the last close, so it cannot be detached and attached again
+// by another owner between the check and the act. info is the device's
+// LOOP_GET_STATUS64, read through the descriptor.
+func (d Devices) hold(devPath string) (name string, dev *os.File, info *unix.LoopInfo64, err error) {
+	if name, err = deviceName(devPath); err != nil {
+		return "", nil, nil, err
+	}
+	if _, _, err := backingFile(name); err != nil {
+		return "", nil, nil, err
+	}
+	if dev, err = os.OpenFile(devPath, os.O_RDONLY, 0); err != nil {
+		return "", nil, nil, fmt.Errorf("open %s: %w", devPath, err)
+	}
+	info, err = statusOf(dev, devPath)
+	if err == nil {
+		if tag := tagOf(info.File_name[:]); holderOf(d.tag, tag) == heldByOther {
+			err = notOwned(devPath, tag, d.tag)
+		}
+	}
+	if err != nil {
+		dev.Close()
+		return "", nil, nil, err
+	}
+	return name, dev, info, nil
 }
 
 // Resize implements Interface.
-func (Devices) Resize(devPath string) error {
-	if _, err := deviceName(devPath); err != nil {
-		return err
-	}
-	dev, err := os.OpenFile(devPath, os.O_RDONLY, 0)
+func (d Devices) Resize(devPath string) error {
+	_, dev, _, err := d.hold(devPath)
 	if err != nil {
-		return fmt.Errorf("open %s: %w", devPath, err)
+		return err
 	}
 	defer dev.Close()
 	if err := unix.IoctlSetInt(int(dev.Fd()), unix.LOOP_SET_CAPACITY, 0); err != nil {
@@ -270,23 +337,21 @@ func (Devices) Resize(devPath string) error {
 }
 
 // Detach implements Interface.
-func (Devices) Detach(devPath string) error {
-	name, err := deviceName(devPath)
-	if err != nil {
-		return err
-	}
-	if _, _, err := backingFile(name); errors.Is(err, ErrNotAttached) {
+func (d Devices) Detach(devPath string) error {
+	name, dev, _, err := d.hold(devPath)
+	switch {
+	case errors.Is(err, ErrNotAttached):
 		// Detached already: by us, deferred until its last user closed
-		// it, in an earlier call that returned ErrBusy.
-		removeLimited(name)
+		// it, in an earlier call that returned ErrBusy (or detached while
+		// we looked).
+		if name, err := deviceName(devPath); err == nil {
+			removeLimited(name)
+		}
 		return nil
-	}
-	dev, err := os.OpenFile(devPath, os.O_RDONLY, 0)
-	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, unix.ENXIO) {
+	case errors.Is(err, fs.ErrNotExist) || errors.Is(err, unix.ENXIO):
 		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("open %s: %w", devPath, err)
+	case err != nil:
+		return err
 	}
 	err = unix.IoctlSetInt(int(dev.Fd()), unix.LOOP_CLR_FD, 0)
 	dev.Close()
@@ -336,14 +401,12 @@ func removeLimited(name string) {
 }
 
 // Size implements Interface.
-func (Devices) Size(devPath string) (int64, error) {
-	name, err := deviceName(devPath)
+func (d Devices) Size(devPath string) (int64, error) {
+	name, dev, _, err := d.hold(devPath)
 	if err != nil {
 		return 0, err
 	}
-	if _, _, err := backingFile(name); err != nil {
-		return 0, err
-	}
+	defer dev.Close()
 	// sysfs reports the size in 512-byte sectors whatever the block size.
 	sectors, err := readInt(filepath.Join(sysBlock, name, "size"))
 	if err != nil {
@@ -353,11 +416,12 @@ func (Devices) Size(devPath string) (int64, error) {
 }
 
 // Status implements Interface.
-func (Devices) Status(devPath string) (Status, error) {
-	name, err := deviceName(devPath)
+func (d Devices) Status(devPath string) (Status, error) {
+	name, dev, info, err := d.hold(devPath)
 	if err != nil {
 		return Status{}, err
 	}
+	defer dev.Close()
 	backing, deleted, err := backingFile(name)
 	if err != nil {
 		return Status{}, err
@@ -370,7 +434,7 @@ func (Devices) Status(devPath string) (Status, error) {
 	if err != nil {
 		return Status{}, err
 	}
-	return Status{BackingFile: backing, Deleted: deleted, DirectIO: dio == 1, ReadOnly: ro == 1}, nil
+	return Status{OwnerTag: tagOf(info.File_name[:]), BackingFile: backing, Deleted: deleted, DirectIO: dio == 1, ReadOnly: ro == 1}, nil
 }
 
 // backingFile reads the image path of device name ("loopN") from sysfs. The

@@ -8,14 +8,10 @@ import (
 	"os"
 )
 
-// Devices is a stand-in on systems without Linux loop devices: every call
-// fails with errors.ErrUnsupported.
-type Devices struct{}
+// On systems without Linux loop devices Devices is a stand-in: every call
+// but Owner fails with errors.ErrUnsupported.
 
 var _ Interface = Devices{}
-
-// New returns the stand-in.
-func New() Devices { return Devices{} }
 
 // Attach fails with errors.ErrUnsupported.
 func (Devices) Attach(context.Context, string, bool) (string, error) {
@@ -32,6 +28,9 @@ func (Devices) Tune(string, bool) error { return errors.ErrUnsupported }
 
 // Find fails with errors.ErrUnsupported.
 func (Devices) Find(string) (string, bool, error) { return "", false, errors.ErrUnsupported }
+
+// List fails with errors.ErrUnsupported.
+func (Devices) List() ([]string, error) { return nil, errors.ErrUnsupported }
 
 // Resize fails with errors.ErrUnsupported.
 func (Devices) Resize(string) error { return errors.ErrUnsupported }

@@ -61,14 +61,14 @@ const (
 )
 
 // Tune implements Interface.
-func (Devices) Tune(devPath string, discard bool) error {
-	name, err := deviceName(devPath)
+func (d Devices) Tune(devPath string, discard bool) error {
+	// The settings are written to sysfs while the device is held open, so
+	// that they reach the device that was checked to be the owner's.
+	name, dev, _, err := d.hold(devPath)
 	if err != nil {
 		return err
 	}
-	if _, _, err := backingFile(name); err != nil {
-		return err
-	}
+	defer dev.Close()
 	q := filepath.Join(sysBlock, name, "queue")
 	if err := setScheduler(q, schedNone); err != nil {
 		return fmt.Errorf("tune %s: %w", devPath, err)

@@ -52,7 +52,7 @@ func newFixture(t *testing.T) *fixture {
 		t:       t,
 		ctx:     ctx,
 		kubelet: filepath.Join(dir, "kubelet"),
-		loop:    looptest.New(),
+		loop:    looptest.New(testNode),
 		mounter: mount.NewFakeMounter(nil),
 		exec:    &fakeExec{formatted: map[string]string{}},
 	}

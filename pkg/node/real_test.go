@@ -56,7 +56,7 @@ func newRealFixture(t *testing.T) *realFixture {
 		MaxVolumes: 16,
 		KubeletDir: f.kubelet,
 		Pools:      map[string]*pool.Pool{p.Name: p},
-		Loop:       loop.New(),
+		Loop:       loop.New(loop.Owner(testNode)),
 		Mounter:    mount.NewSafeFormatAndMount(mount.New(""), utilexec.New()),
 	}
 	f.srv, err = New(f.cfg)

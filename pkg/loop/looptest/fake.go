@@ -17,9 +17,15 @@ import (
 // Fake keeps "attached devices" in memory. Device sizes follow the size of
 // the image file on disk when the image exists (as of Attach or the last
 // Resize), so expansion can be tested with real, sparse files.
+//
+// A Fake acts for an owner, as loop.Devices does (loop.Interface): its
+// devices are tagged with the owner, Find and List pass over other owners'
+// devices, and the other methods refuse them with loop.ErrNotOwned. Peer
+// gives another owner's view of the same devices: two node plugins on one
+// kernel.
 type Fake struct {
-	mu      sync.Mutex
-	devices map[string]*device // devPath → device
+	*machine
+	owner string
 	// NoDirectIO makes Attach fall back to buffered I/O, as on a backing
 	// filesystem that refuses direct I/O.
 	NoDirectIO bool
@@ -27,12 +33,20 @@ type Fake struct {
 	Err error
 	// TuneErr, when set, is returned by Tune (a read-only /sys).
 	TuneErr error
-	// Calls lists the calls made, in order, as "Attach /pool/x.img" and the like.
+	// Calls lists the calls made through this Fake (not its peers), in
+	// order, as "Attach /pool/x.img" and the like.
 	Calls []string
+}
+
+// machine is the devices the peers of a Fake share, the kernel's.
+type machine struct {
+	mu      sync.Mutex
+	devices map[string]*device // devPath → device
 }
 
 type device struct {
 	image    string
+	owner    string // "": untagged, as an older loopvol attached it
 	readOnly bool
 	directIO bool
 	size     int64
@@ -42,12 +56,57 @@ type device struct {
 
 var _ loop.Interface = (*Fake)(nil)
 
-// New returns a fake with no devices attached.
-func New() *Fake { return &Fake{devices: map[string]*device{}} }
+// New returns a fake acting for owner (a node ID; "" for none: it sees
+// every device and attaches untagged ones) with no devices attached.
+func New(owner string) *Fake {
+	return &Fake{machine: &machine{devices: map[string]*device{}}, owner: owner}
+}
+
+// Peer returns a fake acting for owner on f's devices: another node's
+// plugin on the same kernel, or with owner "" the machine's view (which
+// attaches untagged devices, as an older loopvol did). It has its own
+// Calls, Err and settings.
+func (f *Fake) Peer(owner string) *Fake { return &Fake{machine: f.machine, owner: owner} }
+
+// Owner implements loop.Interface.
+func (f *Fake) Owner() string { return f.owner }
 
 func (f *Fake) call(format string, args ...any) error {
 	f.Calls = append(f.Calls, fmt.Sprintf(format, args...))
 	return f.Err
+}
+
+// visible tells whether f sees d: its own, untagged, or f has no owner.
+func (f *Fake) visible(d *device) bool {
+	return f.owner == "" || d.owner == "" || d.owner == f.owner
+}
+
+// held returns f's attached device devPath: loop.ErrNotAttached when there
+// is none, loop.ErrNotOwned when another owner's.
+func (f *Fake) held(devPath string) (*device, error) {
+	d, ok := f.devices[devPath]
+	if !ok {
+		return nil, fmt.Errorf("%s: %w", devPath, loop.ErrNotAttached)
+	}
+	if !f.visible(d) {
+		return nil, fmt.Errorf("%s: %w (%s's)", devPath, loop.ErrNotOwned, d.owner)
+	}
+	return d, nil
+}
+
+// sortedPaths returns the device paths in the order of their numbers.
+func (m *machine) sortedPaths() []string {
+	paths := make([]string, 0, len(m.devices))
+	for p := range m.devices {
+		paths = append(paths, p)
+	}
+	sort.Slice(paths, func(i, j int) bool {
+		if len(paths[i]) != len(paths[j]) {
+			return len(paths[i]) < len(paths[j])
+		}
+		return paths[i] < paths[j]
+	})
+	return paths
 }
 
 // Attach implements loop.Interface.
@@ -72,7 +131,7 @@ func (f *Fake) Attach(ctx context.Context, imagePath string, readOnly bool) (str
 			break
 		}
 	}
-	f.devices[devPath] = &device{image: filepath.Clean(imagePath), readOnly: readOnly, directIO: !f.NoDirectIO, size: st.Size()}
+	f.devices[devPath] = &device{image: filepath.Clean(imagePath), owner: f.owner, readOnly: readOnly, directIO: !f.NoDirectIO, size: st.Size()}
 	return devPath, nil
 }
 
@@ -84,24 +143,44 @@ func (f *Fake) AttachFile(ctx context.Context, image *os.File, imagePath string,
 	return f.Attach(ctx, imagePath, readOnly)
 }
 
-// Find implements loop.Interface.
+// Find implements loop.Interface: f's own device of the image, else an
+// untagged one.
 func (f *Fake) Find(imagePath string) (string, bool, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.call("Find %s", imagePath); err != nil {
 		return "", false, err
 	}
-	paths := make([]string, 0, len(f.devices))
-	for p := range f.devices {
-		paths = append(paths, p)
-	}
-	sort.Strings(paths)
-	for _, p := range paths {
-		if f.devices[p].image == filepath.Clean(imagePath) {
+	untagged := ""
+	for _, p := range f.sortedPaths() {
+		d := f.devices[p]
+		if d.image != filepath.Clean(imagePath) || !f.visible(d) {
+			continue
+		}
+		if d.owner == f.owner {
 			return p, true, nil
 		}
+		if untagged == "" {
+			untagged = p
+		}
 	}
-	return "", false, nil
+	return untagged, untagged != "", nil
+}
+
+// List implements loop.Interface.
+func (f *Fake) List() ([]string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.call("List"); err != nil {
+		return nil, err
+	}
+	var devs []string
+	for _, p := range f.sortedPaths() {
+		if f.visible(f.devices[p]) {
+			devs = append(devs, p)
+		}
+	}
+	return devs, nil
 }
 
 // Resize implements loop.Interface.
@@ -111,9 +190,9 @@ func (f *Fake) Resize(devPath string) error {
 	if err := f.call("Resize %s", devPath); err != nil {
 		return err
 	}
-	d, ok := f.devices[devPath]
-	if !ok {
-		return fmt.Errorf("%s: %w", devPath, loop.ErrNotAttached)
+	d, err := f.held(devPath)
+	if err != nil {
+		return err
 	}
 	st, err := os.Stat(d.image)
 	if err != nil {
@@ -130,6 +209,9 @@ func (f *Fake) Detach(devPath string) error {
 	if err := f.call("Detach %s", devPath); err != nil {
 		return err
 	}
+	if _, err := f.held(devPath); errors.Is(err, loop.ErrNotOwned) {
+		return err
+	}
 	delete(f.devices, devPath)
 	return nil
 }
@@ -141,9 +223,9 @@ func (f *Fake) Size(devPath string) (int64, error) {
 	if err := f.call("Size %s", devPath); err != nil {
 		return 0, err
 	}
-	d, ok := f.devices[devPath]
-	if !ok {
-		return 0, fmt.Errorf("%s: %w", devPath, loop.ErrNotAttached)
+	d, err := f.held(devPath)
+	if err != nil {
+		return 0, err
 	}
 	return d.size, nil
 }
@@ -155,12 +237,13 @@ func (f *Fake) Status(devPath string) (loop.Status, error) {
 	if err := f.call("Status %s", devPath); err != nil {
 		return loop.Status{}, err
 	}
-	d, ok := f.devices[devPath]
-	if !ok {
-		return loop.Status{}, fmt.Errorf("%s: %w", devPath, loop.ErrNotAttached)
+	d, err := f.held(devPath)
+	if err != nil {
+		return loop.Status{}, err
 	}
-	_, err := os.Stat(d.image)
+	_, err = os.Stat(d.image)
 	return loop.Status{
+		OwnerTag:    loop.OwnerTag(d.owner),
 		BackingFile: d.image,
 		Deleted:     errors.Is(err, os.ErrNotExist),
 		DirectIO:    d.directIO,
@@ -179,9 +262,9 @@ func (f *Fake) Tune(devPath string, discard bool) error {
 	if f.TuneErr != nil {
 		return f.TuneErr
 	}
-	d, ok := f.devices[devPath]
-	if !ok {
-		return fmt.Errorf("%s: %w", devPath, loop.ErrNotAttached)
+	d, err := f.held(devPath)
+	if err != nil {
+		return err
 	}
 	d.tuned = true
 	d.discard = discard
@@ -205,7 +288,21 @@ func (f *Fake) Tuned(devPath string) bool {
 	return ok && d.tuned
 }
 
-// Attached returns the attached devices as devPath → image path.
+// OwnerOf returns the owner of the attached device devPath ("" for an
+// untagged one), whoever f acts for; ok is false when nothing is attached
+// there.
+func (f *Fake) OwnerOf(devPath string) (owner string, ok bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	d, ok := f.devices[devPath]
+	if !ok {
+		return "", false
+	}
+	return d.owner, true
+}
+
+// Attached returns every attached device, whoever f acts for, as devPath →
+// image path.
 func (f *Fake) Attached() map[string]string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
