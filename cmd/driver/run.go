@@ -70,7 +70,7 @@ func run(ctx context.Context, cfg *config, listen listenFunc) error {
 			MaxVolumes: cfg.maxVolumes,
 			KubeletDir: cfg.kubeletDir,
 			Pools:      byName,
-			Loop:       loop.New(),
+			Loop:       loop.New(loop.Owner(cfg.nodeID)), // only this node's devices (docs/security.md)
 			Mounter:    &mount.SafeFormatAndMount{Interface: mount.New(""), Exec: utilexec.New()},
 		})
 		if err != nil {
@@ -80,7 +80,13 @@ func run(ctx context.Context, cfg *config, listen listenFunc) error {
 	}
 	if cfg.serves(modeController) {
 		// Loop: a volume mounted on this node is frozen for its snapshot.
-		c, err := controller.New(controller.Config{Pools: pools, DefaultFsType: cfg.defaultFsType, Loop: loop.New()})
+		// Beside this node's plugin (--mode=all) that is a device the node
+		// attached; a controller alone is no node and sees every device.
+		devices := loop.New()
+		if cfg.serves(modeNode) {
+			devices = loop.New(loop.Owner(cfg.nodeID))
+		}
+		c, err := controller.New(controller.Config{Pools: pools, DefaultFsType: cfg.defaultFsType, Loop: devices})
 		if err != nil {
 			return err
 		}

@@ -4,12 +4,15 @@
 // health.
 //
 // The node plugin keeps no state of its own. Which device backs a volume
-// comes from sysfs (pkg/loop Find), what is mounted where from the mount
-// table, and whether the volume may be used here at all from the volume's
-// record in its pool: NodeStageVolume refuses a volume that the record does
-// not show attached to this node, which is what fences a shared pool. A
-// plugin that restarts therefore picks up where it left off, and every call
-// can be repeated.
+// comes from sysfs (pkg/loop Find, which sees only the devices this node
+// attached, by their owner tag, and untagged ones an older plugin left:
+// another node's plugin on the same kernel has its own device of a shared
+// image, never this node's), what is mounted where from the mount table,
+// and whether the volume may be used here at all from the volume's record
+// in its pool: NodeStageVolume refuses a volume that the record does not
+// show attached to this node, which is what fences a shared pool. A plugin
+// that restarts therefore picks up where it left off, and every call can
+// be repeated.
 //
 // Paths are resolved once (beneath.go): staging and target paths are
 // opened beneath the kubelet directory with no symbolic link allowed on the

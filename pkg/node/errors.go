@@ -22,7 +22,10 @@ var (
 // sentinelCodes are the codes of the sentinels of pkg/pool and pkg/loop.
 var sentinelCodes = []volspec.Sentinels{
 	{Code: codes.NotFound, Errs: []error{pool.ErrInvalidID, pool.ErrNotFound}},
-	{Code: codes.FailedPrecondition, Errs: []error{loop.ErrBusy, loop.ErrNotAttached}},
+	// ErrNotOwned: a device of another node's plugin on this kernel, which
+	// this node never changes (it finds only its own; the error means a
+	// device changed hands between a lookup and the act).
+	{Code: codes.FailedPrecondition, Errs: []error{loop.ErrBusy, loop.ErrNotAttached, loop.ErrNotOwned}},
 	{Code: codes.Aborted, Errs: []error{pool.ErrBusy}},
 }
 

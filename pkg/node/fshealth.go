@@ -22,12 +22,9 @@ const (
 	reasonFilesystemShutdown  = "FilesystemShutdown"
 )
 
-// sysBlock and sysExt4 are where the kernel describes loop devices and ext4
-// filesystems; tests of the parsing point them elsewhere.
-var (
-	sysBlock = "/sys/block"
-	sysExt4  = "/sys/fs/ext4"
-)
+// sysExt4 is where the kernel describes ext4 filesystems; tests of the
+// parsing point it elsewhere.
+var sysExt4 = "/sys/fs/ext4"
 
 // addFunc adds one health entry (health's add).
 type addFunc func(status csi.VolumeHealthErrorType, reason, format string, args ...any)
@@ -52,7 +49,7 @@ func (n *node) deepHealth(a healthArgs, v *pool.Volume, dev string, found, eio b
 			image, a.id, st.Size, v.SizeBytes, st.Size)
 	}
 	if !found && imageErr == nil {
-		if old, ok := servingDeleted(image); ok {
+		if old, ok := n.servingDeleted(image); ok {
 			add(csi.VolumeHealthErrorType_DATA_LOSS, reasonBackingFileReplaced,
 				"loop device %s still serves a deleted file that was at %s, and another file is there now: whatever is written to the volume goes to the deleted file and is lost when the device is detached. "+
 					"Stop the volume's Pods and copy the deleted file back from the device (dd if=%s) before unstaging", old, image, old)
@@ -105,29 +102,24 @@ func (n *node) shutdown(path, dev string) (shut, ok bool) {
 	return errors.Is(unix.Syncfs(fd), unix.EIO), true
 }
 
-// servingDeleted finds a loop device whose backing file is image, deleted
-// (the kernel appends " (deleted)"), while a file is at image again: the
-// image was replaced under the device.
-func servingDeleted(image string) (string, bool) {
+// servingDeleted finds a loop device of this node whose backing file is
+// image, deleted (the kernel appends " (deleted)"), while a file is at
+// image again: the image was replaced under the device. Another node's
+// devices are not this node's to report (pkg/loop List passes over them).
+func (n *node) servingDeleted(image string) (string, bool) {
 	// The kernel prints the path with symbolic links resolved.
-	names := []string{image + " (deleted)"}
+	names := []string{image}
 	if dir, err := filepath.EvalSymlinks(filepath.Dir(image)); err == nil {
-		names = append(names, filepath.Join(dir, filepath.Base(image))+" (deleted)")
+		names = append(names, filepath.Join(dir, filepath.Base(image)))
 	}
-	entries, err := os.ReadDir(sysBlock)
+	devs, err := n.Loop.List()
 	if err != nil {
 		return "", false
 	}
-	for _, e := range entries {
-		if !strings.HasPrefix(e.Name(), "loop") {
-			continue
-		}
-		b, err := os.ReadFile(filepath.Join(sysBlock, e.Name(), "loop", "backing_file"))
-		if err != nil {
-			continue
-		}
-		if slices.Contains(names, strings.TrimSuffix(string(b), "\n")) {
-			return "/dev/" + e.Name(), true
+	for _, dev := range devs {
+		st, err := n.Loop.Status(dev)
+		if err == nil && st.Deleted && slices.Contains(names, st.BackingFile) {
+			return dev, true
 		}
 	}
 	return "", false

@@ -80,7 +80,9 @@ func checkAccessType(v *pool.Volume, c capability) error {
 	return nil
 }
 
-// findDevice returns the loop device of a volume's image, if it has one.
+// findDevice returns this node's loop device of a volume's image, if it
+// has one: one its plugin attached (or an untagged one an older plugin
+// left), never another node's device of the same image (pkg/loop Find).
 func (n *node) findDevice(id pool.VolumeID) (string, bool, error) {
 	dev, ok, err := n.Loop.Find(n.residence(id).ImagePath(id))
 	if err != nil {

@@ -31,7 +31,10 @@ type Config struct {
 	KubeletDir string
 	// Pools maps pool names to pools. Pools of other zones are ignored.
 	Pools map[string]*pool.Pool
-	// Loop attaches images to loop devices.
+	// Loop attaches images to loop devices. Its owner (loop.Owner) must be
+	// NodeID: the node acts only on the loop devices it attached (and on
+	// untagged ones an older plugin left), never on those of another
+	// node's plugin on the same kernel, even for the same image.
 	Loop loop.Interface
 	// Mounter formats (its Exec runs blkid, mkfs and fsck) and resizes
 	// filesystems (resize2fs, xfs_growfs through the same Exec). Its
@@ -65,8 +68,11 @@ func (c *Config) Validate() error {
 			errs = append(errs, fmt.Errorf("pool %q: entry does not hold that pool", name))
 		}
 	}
-	if c.Loop == nil {
+	switch {
+	case c.Loop == nil:
 		errs = append(errs, errors.New("loop devices (Loop) are missing"))
+	case c.Loop.Owner() != c.NodeID:
+		errs = append(errs, fmt.Errorf("loop devices (Loop) act for owner %q, not for node %q (loop.New(loop.Owner(NodeID)))", c.Loop.Owner(), c.NodeID))
 	}
 	if c.Mounter == nil || c.Mounter.Interface == nil || c.Mounter.Exec == nil {
 		errs = append(errs, errors.New("mounter (Mounter with Interface and Exec) is missing"))
