@@ -51,8 +51,9 @@ type ClaimQueueConfig struct {
 // of the controller's own writes (Writes, which tells the echo of its own
 // write from someone else's update), the event handlers and the workers.
 // The controller gives it its sync and its update filter, and reads and
-// writes claims and volumes through it (Claim, Volume, PatchClaimStatus,
-// PatchVolume), so that every write is recorded where the handlers look.
+// writes claims and volumes through it (ClaimAndVolume, PatchClaimStatus,
+// PatchVolume, or its own patches recorded in the Writes it gave), so that
+// every write is recorded where the handlers look.
 type ClaimQueue struct {
 	// Queue holds the claim keys; its name is the controller's in the
 	// workqueue metrics.
@@ -67,6 +68,8 @@ type ClaimQueue struct {
 	// Clock is the controller's clock: ClaimConfig.Clock, or the real one.
 	Clock clock.PassiveClock
 
+	// PVCInformer and PVInformer are the shared claim and volume
+	// (PVResize) informers; PVCs and PVs list their caches.
 	PVCInformer cache.SharedIndexInformer
 	PVInformer  cache.SharedIndexInformer
 	PVCs        corelisters.PersistentVolumeClaimLister
@@ -121,9 +124,10 @@ func VolumeKey(name string) string { return "pv/" + name }
 // Run records Events (through its own broadcaster unless a Recorder was
 // given), adds the claim and volume handlers and those more adds (nil:
 // none), waits for their caches, calls started (nil: none) and runs
-// ClaimConfig.Workers workers until ctx ends; then it shuts the queue down, waits for
-// the workers to finish their current claim and removes the handlers. It
-// returns nil when ctx ends, and an error only when it could not start.
+// ClaimConfig.Workers workers until ctx ends; then it shuts the queue
+// down, waits for the workers to finish their current claim and removes
+// the handlers. It returns nil when ctx ends, and an error only when it
+// could not start.
 func (q *ClaimQueue) Run(ctx context.Context, more func(*Handlers) error, started func(klog.Logger)) error {
 	logger := klog.FromContext(ctx)
 	defer q.Queue.ShutDown()
