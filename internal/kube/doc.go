@@ -12,11 +12,16 @@
 // read of a CSI call's Secret and VolumeCapability the one derivation of a
 // PersistentVolume's CSI capability; ValidateController, Every and
 // Queue.ProcessNext are the settings check, the periodic pass and the worker
-// step every controller uses. Package kubetest, next to it, is the fake API
-// server and fixture parts their tests share.
+// step every controller uses. ClaimQueue (with ClaimConfig, the claim
+// status and live-volume reads and patches, the node-affinity check and
+// ClaimMetrics) is what the two claim controllers, pkg/resize and
+// pkg/modify, run on. Package kubetest, next to it, is the fake API server
+// and fixture parts their tests share; claimtest the claim controllers'
+// fixture built on it; leasewatch the Lease watchdog that runs a controller
+// only while its process leads.
 //
 // The sidecar runs several controllers in one process (attach, capacity,
-// resizer, registrar). Each still owns its queues, workers and metrics; what
+// resize, modify, registrar, webhook). Each still owns its queues, workers and metrics; what
 // it must not own is a second watch of the same resource: two
 // PersistentVolume informers would double the sidecar's largest cache and its
 // API server load.
