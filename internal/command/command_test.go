@@ -86,4 +86,3 @@ func TestSignalContextEndsOnSIGTERM(t *testing.T) {
 		t.Fatal("the context did not end after SIGTERM")
 	}
 }
-
