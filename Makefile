@@ -39,20 +39,29 @@ run: build ##@ Start the driver (all services) on pool ./_run/pool, socket ./_ru
 # The checks that need no tool of hack/tools, and those that do. `make
 # test` runs the first while hack/tools/build.sh builds every tool in the
 # background (a cold build is about 20 minutes, mostly CPU; the real-device
-# tests mostly wait on the disk), then the second.
+# tests mostly wait on the disk), then the second: test-envtest and
+# test-e2e (a control plane of their own on loopback) beside test-cluster
+# (the real cluster, in a network namespace of its own; it mostly waits on
+# kubelet and the pods), then test-e2e-k8s. A background part's log is
+# printed when it ends (bin/tools.log, bin/envtest-e2e.log).
 TEST_NO_TOOLS := test-fmt test-vet test-logcheck test-unit test-sanity test-images
-TEST_WITH_TOOLS := test-envtest test-e2e test-cluster test-e2e-k8s
+TEST_BESIDE_CLUSTER := test-envtest test-e2e
 
 test: ##@ Run every check and test (root: real loop devices, mounts and the real cluster); the tools build meanwhile (log: bin/tools.log).
 	@echo "### test: hack/tools/build.sh builds the tools in the background (bin/tools.log)"
-	@mkdir -p $(BIN); \
-	setsid hack/tools/build.sh $(BIN) cluster e2e-k8s >$(BIN)/tools.log 2>&1 & tools=$$!; \
-	stop() { kill -TERM -- -$$tools 2>/dev/null; wait $$tools; exit 1; }; \
+	@mkdir -p $(BIN); bg=(); \
+	stop() { for p in "$${bg[@]}"; do kill -TERM -- -$$p 2>/dev/null; wait $$p; done; exit 1; }; \
 	trap stop INT TERM; \
+	setsid hack/tools/build.sh $(BIN) cluster e2e-k8s >$(BIN)/tools.log 2>&1 & tools=$$!; bg=($$tools); \
 	$(MAKE) --no-print-directory $(TEST_NO_TOOLS) || stop; \
 	echo "### test: waiting for hack/tools/build.sh"; \
-	wait $$tools; rc=$$?; cat $(BIN)/tools.log; [ $$rc -eq 0 ] || exit $$rc; \
-	$(MAKE) --no-print-directory $(TEST_WITH_TOOLS)
+	wait $$tools; rc=$$?; bg=(); cat $(BIN)/tools.log; [ $$rc -eq 0 ] || exit $$rc; \
+	echo "### test: $(TEST_BESIDE_CLUSTER) beside test-cluster (bin/envtest-e2e.log)"; \
+	setsid $(MAKE) --no-print-directory $(TEST_BESIDE_CLUSTER) >$(BIN)/envtest-e2e.log 2>&1 & e2e=$$!; bg=($$e2e); \
+	$(MAKE) --no-print-directory test-cluster; rc=$$?; \
+	wait $$e2e; erc=$$?; bg=(); echo "### test: $(TEST_BESIDE_CLUSTER) (bin/envtest-e2e.log)"; cat $(BIN)/envtest-e2e.log; \
+	[ $$rc -eq 0 ] || exit $$rc; [ $$erc -eq 0 ] || exit $$erc; \
+	$(MAKE) --no-print-directory test-e2e-k8s
 
 unit: test-unit ##@ The fast developer loop: every unit and real-device test that needs no tool (no kube-apiserver, -race).
 
