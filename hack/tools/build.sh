@@ -211,7 +211,14 @@ describe() {
 		# VERSION file beside its source.
 		mod_dir=$here
 		pkg=k8s.io/kubernetes/test/images/agnhost
-		version=$(cat "$(cd "$here" && GOWORK=off go list -mod=mod -m -f '{{.Dir}}' k8s.io/kubernetes)/test/images/agnhost/VERSION")
+		# go mod download prints the module's folder, fetching it first
+		# on a cold module cache (go list -m would print none: build.sh
+		# describes every tool before it builds the first).
+		local kdir
+		kdir=$(cd "$here" && GOWORK=off go mod download -json k8s.io/kubernetes | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",\{0,1\}$/\1/p')
+		[[ -n $kdir && -r $kdir/test/images/agnhost/VERSION ]] ||
+			die "agnhost: no test/images/agnhost/VERSION in k8s.io/kubernetes's module folder '$kdir'"
+		version=$(<"$kdir/test/images/agnhost/VERSION")
 		version=v${version#v}
 		ldflags="-s -w -X main.Version=${version#v}"
 		cache_dir=$cache_root/agnhost-$version
