@@ -39,12 +39,14 @@ run: build ##@ Start the driver (all services) on pool ./_run/pool, socket ./_ru
 # The checks that need no tool of hack/tools, and those that do. `make
 # test` runs the first while hack/tools/build.sh builds every tool in the
 # background (a cold build is about 20 minutes, mostly CPU; the real-device
-# tests mostly wait on the disk), then the second: test-envtest and
+# tests mostly wait on the disk), then the second: test-images (one of its
+# tests reads the e2e suite's image list from k8s.io/kubernetes, which the
+# tools' build fetches into the module cache), test-envtest and
 # test-e2e (a control plane of their own on loopback) beside test-cluster
 # (the real cluster, in a network namespace of its own; it mostly waits on
 # kubelet and the pods), then test-e2e-k8s. A background part's log is
 # printed when it ends (bin/tools.log, bin/envtest-e2e.log).
-TEST_NO_TOOLS := test-fmt test-vet test-logcheck test-unit test-sanity test-images
+TEST_NO_TOOLS := test-fmt test-vet test-logcheck test-unit test-sanity
 TEST_BESIDE_CLUSTER := test-envtest test-e2e
 
 test: ##@ Run every check and test (root: real loop devices, mounts and the real cluster); the tools build meanwhile (log: bin/tools.log).
@@ -56,6 +58,7 @@ test: ##@ Run every check and test (root: real loop devices, mounts and the real
 	$(MAKE) --no-print-directory $(TEST_NO_TOOLS) || stop; \
 	echo "### test: waiting for hack/tools/build.sh"; \
 	wait $$tools; rc=$$?; bg=(); cat $(BIN)/tools.log; [ $$rc -eq 0 ] || exit $$rc; \
+	$(MAKE) --no-print-directory test-images || exit 1; \
 	echo "### test: $(TEST_BESIDE_CLUSTER) beside test-cluster (bin/envtest-e2e.log)"; \
 	setsid $(MAKE) --no-print-directory $(TEST_BESIDE_CLUSTER) >$(BIN)/envtest-e2e.log 2>&1 & e2e=$$!; bg=($$e2e); \
 	$(MAKE) --no-print-directory test-cluster; rc=$$?; \
