@@ -25,7 +25,7 @@ tools: ##@ Build bin/kube-apiserver and bin/etcd once (the first build takes ~10
 	@echo "### tools"
 	@hack/tools/build.sh $(BIN)
 
-all-tools: ##@ Build every tool make test runs (make tools, cluster-tools and e2e-k8s-tools in one go: ~20 minutes cold, cached).
+all-tools: ##@ Build every tool make test runs (make tools, cluster-tools and e2e-k8s-tools in one go: ~25-30 minutes cold, cached).
 	@echo "### all-tools"
 	@hack/tools/build.sh $(BIN) cluster e2e-k8s
 
@@ -38,7 +38,7 @@ run: build ##@ Start the driver (all services) on pool ./_run/pool, socket ./_ru
 
 # The checks that need no tool of hack/tools, and those that do. `make
 # test` runs the first while hack/tools/build.sh builds every tool in the
-# background (a cold build is about 20 minutes, mostly CPU; the real-device
+# background (a cold build is about half an hour, mostly CPU; the real-device
 # tests mostly wait on the disk), then the second: test-images (one of its
 # tests reads the e2e suite's image list from k8s.io/kubernetes, which the
 # tools' build fetches into the module cache), test-envtest and
