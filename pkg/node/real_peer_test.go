@@ -62,19 +62,10 @@ func (f *realFixture) restart() {
 // of a multi-node volume to a second node does.
 func (f *realFixture) attachAlso(id pool.VolumeID, att pool.Attachment) {
 	f.t.Helper()
-	unlock, err := f.pool.Lock(id)
-	if err != nil {
-		f.t.Fatal(err)
-	}
-	defer unlock()
-	v, err := f.pool.ReadVolume(id)
-	if err != nil {
-		f.t.Fatal(err)
-	}
-	v.Attachments = append(v.Attachments, att)
-	if err := f.pool.WriteVolume(v); err != nil {
-		f.t.Fatal(err)
-	}
+	f.withVolume(id, func(v *pool.Volume) error {
+		v.Attachments = append(v.Attachments, att)
+		return f.pool.WriteVolume(v)
+	})
 }
 
 // deviceState is what another node must leave as it is on a node's device.

@@ -130,8 +130,9 @@ func (f *realFixture) volumeOfSpec(spec pool.VolumeSpec, att pool.Attachment) po
 	return id
 }
 
-// grow does the controller's part of an expansion.
-func (f *realFixture) grow(id pool.VolumeID, size int64) {
+// withVolume reads the volume's record under its lock and hands it to
+// change, as the controller's RPCs do; a failure ends the test.
+func (f *realFixture) withVolume(id pool.VolumeID, change func(v *pool.Volume) error) {
 	f.t.Helper()
 	unlock, err := f.pool.Lock(id)
 	if err != nil {
@@ -142,9 +143,15 @@ func (f *realFixture) grow(id pool.VolumeID, size int64) {
 	if err != nil {
 		f.t.Fatal(err)
 	}
-	if err := f.pool.ExpandVolume(f.ctx, v, size); err != nil {
+	if err := change(v); err != nil {
 		f.t.Fatal(err)
 	}
+}
+
+// grow does the controller's part of an expansion.
+func (f *realFixture) grow(id pool.VolumeID, size int64) {
+	f.t.Helper()
+	f.withVolume(id, func(v *pool.Volume) error { return f.pool.ExpandVolume(f.ctx, v, size) })
 }
 
 func (f *realFixture) stage(req *csi.NodeStageVolumeRequest) time.Duration {
