@@ -350,7 +350,7 @@ build_group() {
 		mv -f -- "$out" "$cache_dir/$name"
 	done
 	rm -rf -- "$tmpdir"
-	log "built${list[*]/#/ } in $((SECONDS - start))s"
+	log "built ${list[*]} in $((SECONDS - start))s"
 }
 
 log "cache: $cache_root"
