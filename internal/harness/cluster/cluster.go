@@ -14,8 +14,6 @@ import (
 	"sync"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -45,19 +43,13 @@ type Cluster struct {
 	// ContainerdSocket is containerd's socket.
 	ContainerdSocket string
 
-	pki                string
-	containerdDir      string
-	kubeletPort        int
-	kubeletHealthzPort int
-	// mu guards procs and kubelet, which StopKubelet and StartKubelet
-	// change while the cluster runs.
-	mu         sync.Mutex
-	procs      []*proc.Process
-	kubelet    *proc.Process
-	containerd *proc.Process
-	// kubeletArgs and kubeletEnv start kubelet again (StartKubelet).
-	kubeletArgs []string
-	kubeletEnv  []string
+	pki string
+	// nodes are the cluster's nodes (one, unless Config.Nodes).
+	nodes []*node
+	// mu guards procs and each node's kubelet, which StopKubelet and
+	// StartKubelet change while the cluster runs.
+	mu    sync.Mutex
+	procs []*proc.Process
 	// created are the directories outside Dir that this cluster made,
 	// removed by Down.
 	created []string
@@ -85,8 +77,8 @@ func Up(ctx context.Context, cfg Config) (*Cluster, error) {
 		LogDir:     filepath.Join(cfg.Dir, "logs"),
 		pki:        filepath.Join(cfg.Dir, "pki"),
 	}
-	c.containerdDir = filepath.Join(cfg.Dir, "containerd")
-	c.ContainerdSocket = filepath.Join(c.containerdDir, "containerd.sock")
+	c.nodes = c.newNodes()
+	c.ContainerdSocket = c.nodes[0].ContainerdSocket
 	c.Server = "https://127.0.0.1:" + strconv.Itoa(cfg.APIPort)
 	c.serviceProxy = cfg.NodeIP != "" && cfg.NodeIP == NetNSNodeIP() && ownNetNS()
 	start := time.Now()
@@ -102,7 +94,11 @@ func Up(ctx context.Context, cfg Config) (*Cluster, error) {
 		}
 		return nil, err
 	}
-	c.say("cluster: up in %s (node %s Ready; kubeconfig %s; logs %s)", since(start), c.NodeName, c.Kubeconfig, c.LogDir)
+	var names []string
+	for _, n := range c.nodes {
+		names = append(names, n.Name)
+	}
+	c.say("cluster: up in %s (nodes %s Ready; kubeconfig %s; logs %s)", since(start), strings.Join(names, ", "), c.Kubeconfig, c.LogDir)
 	return c, nil
 }
 
@@ -113,8 +109,10 @@ func (c *Cluster) say(format string, args ...any) {
 func since(t time.Time) time.Duration { return time.Since(t).Round(10 * time.Millisecond) }
 
 func (c *Cluster) up(ctx context.Context) error {
-	if pids := pidsWithArg(c.ContainerdSocket); len(pids) > 0 {
-		return fmt.Errorf("%s: processes %v of an earlier cluster still run there", c.cfg.Dir, pids)
+	for _, n := range c.nodes {
+		if pids := pidsWithArg(n.ContainerdSocket); len(pids) > 0 {
+			return fmt.Errorf("%s: processes %v of an earlier cluster still run there", c.cfg.Dir, pids)
+		}
 	}
 	if l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(c.cfg.APIPort))); err != nil {
 		return fmt.Errorf("apiserver port %d: %w", c.cfg.APIPort, err)
@@ -129,12 +127,12 @@ func (c *Cluster) up(ctx context.Context) error {
 	if err := c.detachLoops(); err != nil {
 		return err
 	}
-	for _, d := range []string{"pki", "etcd", "kubelet", "containerd", "cni", "pod-logs", "pools"} {
+	for _, d := range stateDirs {
 		if err := c.removeTree(filepath.Join(c.cfg.Dir, d)); err != nil {
 			return err
 		}
 	}
-	for _, d := range []string{c.pki, c.LogDir, c.KubeletDir, c.containerdDir, filepath.Join(c.cfg.Dir, "cni"), filepath.Join(c.cfg.Dir, "pod-logs")} {
+	for _, d := range []string{c.pki, c.LogDir, c.KubeletDir, filepath.Join(c.cfg.Dir, "pools")} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return err
 		}
@@ -165,7 +163,11 @@ func (c *Cluster) up(ctx context.Context) error {
 		return err
 	}
 	etcdClient, etcdPeer, kcmPort, schedPort := ports[0], ports[1], ports[2], ports[3]
-	c.kubeletPort, c.kubeletHealthzPort = ports[4], ports[5]
+	if !c.multi() {
+		// A node of a cluster of nodes has its own address: kubelet's
+		// usual ports there.
+		c.nodes[0].kubeletPort, c.nodes[0].kubeletHealthzPort = ports[4], ports[5]
+	}
 	proxyHealthzPort, proxyMetricsPort := ports[6], ports[7]
 
 	// etcd
@@ -241,36 +243,27 @@ func (c *Cluster) up(ctx context.Context) error {
 	}
 	c.say("cluster: kube-apiserver up in %s (%s)", since(step), c.Server)
 
-	// containerd and the images
+	// The nodes, then the controllers: a Node that kubelet registers
+	// before the controller-manager runs is no different to it.
 	step = time.Now()
-	if err := os.WriteFile(filepath.Join(c.cfg.Dir, "cni", "10-pods.conflist"), []byte(c.cniConfig()), 0o644); err != nil {
-		return err
+	if c.multi() {
+		if err := c.nodeBridgeUp(); err != nil {
+			return fmt.Errorf("the nodes' bridge: %w", err)
+		}
+		for _, n := range c.nodes {
+			if err := c.startNodeNS(n); err != nil {
+				return err
+			}
+		}
+		c.say("cluster: %d nodes' namespaces up in %s, on bridge %s", len(c.nodes), since(step), nodeBridge)
 	}
-	conf := filepath.Join(c.containerdDir, "config.toml")
-	if err := os.WriteFile(conf, []byte(c.containerdConfig()), 0o644); err != nil {
-		return err
-	}
-	// The shim is found on PATH.
-	path := "PATH=" + c.cfg.BinDir + ":" + os.Getenv("PATH")
-	if c.containerd, err = c.start("containerd", []string{path}, "--config="+conf, "--log-level=warn"); err != nil {
-		return err
-	}
-	if err := c.poll("containerd serving", time.Minute, func() error {
-		_, err := c.ctr("version")
-		return err
-	}); err != nil {
-		return err
-	}
-	for _, img := range c.cfg.Images {
-		if _, err := c.ctr("images", "import", "--local", img); err != nil {
-			return fmt.Errorf("import %s: %w", img, err)
+	for _, n := range c.nodes {
+		if err := c.upContainerd(n); err != nil {
+			return err
 		}
 	}
-	c.say("cluster: containerd up in %s, %d images imported", since(step), len(c.cfg.Images))
-
-	// The controllers and kubelet.
 	step = time.Now()
-	for _, name := range []string{"controller-manager", "scheduler", "kubelet"} {
+	for _, name := range []string{"controller-manager", "scheduler"} {
 		if _, err := c.kubeconfig(name); err != nil {
 			return err
 		}
@@ -300,78 +293,29 @@ func (c *Cluster) up(ctx context.Context) error {
 		"--leader-elect=false", "--v=1"); err != nil {
 		return err
 	}
-	kconf := filepath.Join(c.cfg.Dir, "kubelet-config.yaml")
-	if err := os.WriteFile(kconf, []byte(c.kubeletConfig()), 0o644); err != nil {
-		return err
-	}
-	kubeletArgs := []string{
-		"--config=" + kconf,
-		"--kubeconfig=" + filepath.Join(c.cfg.Dir, "kubeconfig-kubelet"),
-		"--root-dir=" + c.KubeletDir,
-		"--hostname-override=" + c.NodeName,
-		"--v=2"}
-	if c.cfg.NodeIP != "" {
-		kubeletArgs = append(kubeletArgs, "--node-ip="+c.cfg.NodeIP)
-	}
-	c.kubeletArgs, c.kubeletEnv = kubeletArgs, []string{path}
-	if err := c.runKubelet(); err != nil {
-		return err
-	}
-	if err := c.poll("node Ready without the not-ready taint", 3*time.Minute, func() error {
-		n, err := c.Client.CoreV1().Nodes().Get(ctx, c.NodeName, metav1.GetOptions{})
-		if err != nil {
+	for _, n := range c.nodes {
+		if err := c.upKubelet(n); err != nil {
 			return err
 		}
-		for _, t := range n.Spec.Taints {
-			if t.Key == corev1.TaintNodeNotReady {
-				return fmt.Errorf("taint %s", t.Key)
-			}
-		}
-		for _, cond := range n.Status.Conditions {
-			if cond.Type == corev1.NodeReady && cond.Status == corev1.ConditionTrue {
-				return nil
-			}
-		}
-		return errNotReady
-	}); err != nil {
+	}
+	if err := c.nodesReady(ctx); err != nil {
 		return err
 	}
 	c.say("cluster: controller-manager, scheduler, kubelet up, node Ready in %s", since(step))
 	if c.serviceProxy {
 		step = time.Now()
-		if err := c.startProxy(proxyHealthzPort, proxyMetricsPort); err != nil {
-			return err
+		for _, n := range c.nodes {
+			if err := c.startProxy(n, proxyHealthzPort, proxyMetricsPort); err != nil {
+				return err
+			}
 		}
-		c.say("cluster: kube-proxy up in %s (Services route in this network namespace)", since(step))
+		c.say("cluster: kube-proxy up in %s (Services route in the nodes' network namespaces)", since(step))
 	}
 	return nil
 }
 
-// startProxy runs kube-proxy (iptables mode, in this network namespace
-// only) and waits until it has programmed the Services.
-func (c *Cluster) startProxy(healthzPort, metricsPort int) error {
-	if _, err := c.kubeconfig("kube-proxy"); err != nil {
-		return err
-	}
-	if _, err := c.start("kube-proxy", nil,
-		"--kubeconfig="+filepath.Join(c.cfg.Dir, "kubeconfig-kube-proxy"),
-		"--hostname-override="+c.NodeName,
-		"--bind-address="+c.cfg.NodeIP,
-		"--proxy-mode=iptables",
-		"--cluster-cidr="+c.cfg.PodCIDR,
-		"--healthz-bind-address="+net.JoinHostPort("127.0.0.1", strconv.Itoa(healthzPort)),
-		"--metrics-bind-address="+net.JoinHostPort("127.0.0.1", strconv.Itoa(metricsPort)),
-		// The conntrack table's size is the host's, not the namespace's:
-		// leave it and the timeouts as they are.
-		"--conntrack-max-per-core=0",
-		"--conntrack-tcp-timeout-established=0", "--conntrack-tcp-timeout-close-wait=0",
-		"--v=1"); err != nil {
-		return err
-	}
-	// /healthz answers 200 once the rules are synced.
-	url := "http://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(healthzPort)) + "/healthz"
-	return c.poll("kube-proxy synced", time.Minute, func() error { return httpOK(http.DefaultClient, url) })
-}
+// stateDirs are what Up makes under Dir and Down removes, but the logs.
+var stateDirs = []string{"etcd", "kubelet", "containerd", "cni", "pod-logs", "pools", "nodes", "pki"}
 
 // writePKI makes the CA, the serving and client certificates, and the
 // ServiceAccount signing key.
@@ -383,39 +327,48 @@ func (c *Cluster) writePKI() error {
 	if err := writeKey(filepath.Join(c.pki, "ca.key"), ca.key); err != nil {
 		return err
 	}
-	for _, i := range []struct {
+	type cert struct {
 		name, cn string
 		orgs     []string
 		serving  bool
-	}{
-		{"apiserver", "kube-apiserver", nil, true},
-		{"apiserver-kubelet-client", "kube-apiserver-kubelet-client", []string{"system:masters"}, false},
-		{"admin", "loopvol-admin", []string{"system:masters"}, false},
-		{"controller-manager", "system:kube-controller-manager", nil, false},
-		{"scheduler", "system:kube-scheduler", nil, false},
-		{"kubelet", "system:node:" + c.NodeName, []string{"system:nodes"}, false},
-		{"kubelet-serving", "system:node:" + c.NodeName, []string{"system:nodes"}, true},
+		ips      []net.IP
+	}
+	var controlIPs []net.IP
+	if c.cfg.NodeIP != "" {
+		controlIPs = append(controlIPs, net.ParseIP(c.cfg.NodeIP))
+	}
+	certs := []cert{
+		// What pods dial: the kubernetes Service's ClusterIP.
+		{"apiserver", "kube-apiserver", nil, true, append(controlIPs, net.ParseIP(kubernetesServiceIP))},
+		{"apiserver-kubelet-client", "kube-apiserver-kubelet-client", []string{"system:masters"}, false, controlIPs},
+		{"admin", "loopvol-admin", []string{"system:masters"}, false, controlIPs},
+		{"controller-manager", "system:kube-controller-manager", nil, false, controlIPs},
+		{"scheduler", "system:kube-scheduler", nil, false, controlIPs},
 		// The user the system:node-proxier binding names.
-		{"kube-proxy", "system:kube-proxy", nil, false},
-	} {
+		{"kube-proxy", "system:kube-proxy", nil, false, controlIPs},
+	}
+	for _, n := range c.nodes {
 		var ips []net.IP
-		if c.cfg.NodeIP != "" {
-			ips = append(ips, net.ParseIP(c.cfg.NodeIP))
+		if n.IP != "" {
+			ips = append(ips, net.ParseIP(n.IP))
 		}
-		if i.name == "apiserver" {
-			// What pods dial: the kubernetes Service's ClusterIP.
-			ips = append(ips, net.ParseIP(kubernetesServiceIP))
-		}
-		if err := ca.issue(c.pki, i.name, i.cn, i.orgs, i.serving, ips...); err != nil {
+		// The Node authorizer and NodeRestriction know a kubelet by
+		// its user: each node's own.
+		certs = append(certs,
+			cert{c.kubeletCertName(n, false), "system:node:" + n.Name, []string{"system:nodes"}, false, ips},
+			cert{c.kubeletCertName(n, true), "system:node:" + n.Name, []string{"system:nodes"}, true, ips})
+	}
+	for _, i := range certs {
+		if err := ca.issue(c.pki, i.name, i.cn, i.orgs, i.serving, i.ips...); err != nil {
 			return err
 		}
 	}
 	return serviceAccountKey(c.pki)
 }
 
-// ctr runs ctr against our containerd in the k8s.io namespace.
-func (c *Cluster) ctr(args ...string) (string, error) {
-	cmd := exec.Command(filepath.Join(c.cfg.BinDir, "ctr"), append([]string{"--address", c.ContainerdSocket, "--namespace", "k8s.io"}, args...)...)
+// ctr runs ctr against n's containerd in the k8s.io namespace.
+func (c *Cluster) ctr(n *node, args ...string) (string, error) {
+	cmd := exec.Command(filepath.Join(c.cfg.BinDir, "ctr"), append([]string{"--address", n.ContainerdSocket, "--namespace", "k8s.io"}, args...)...)
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()

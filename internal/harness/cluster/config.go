@@ -19,6 +19,9 @@ var Binaries = []string{
 // expects (KUBERNETES_SERVICE_PORT).
 const DefaultAPIPort = 6443
 
+// MaxNodes is the most nodes a cluster has here.
+const MaxNodes = 8
+
 // DefaultSandboxImage is the pause image hack/images builds (-tools).
 const DefaultSandboxImage = "localhost/loopvol/pause:3.10"
 
@@ -34,8 +37,21 @@ type Config struct {
 	Images []string
 	// SandboxImage is containerd's sandbox (pause) image; it must be one of Images.
 	SandboxImage string
-	// NodeName is the Node's name (default: the host name, lowercased).
+	// NodeName is the Node's name (default: the host name, lowercased);
+	// on a cluster of nodes the nodes are <NodeName>-1 to -<Nodes>.
 	NodeName string
+	// Nodes is the number of nodes (default 1). A cluster of more than
+	// one needs NodeIP to be the address of the network namespace InNetNS
+	// made, which becomes the control plane's: each node then gets a
+	// network and a mount namespace of its own (the Node type tells
+	// more), joined to the control plane's by a bridge, at the addresses
+	// after it in its /24 (.11, .12, ...).
+	Nodes int
+	// NodePools gives each node of a cluster of nodes pools of its own
+	// (<Dir>/nodes/<name>/pools, which the node sees at <Dir>/pools): a
+	// local disk per node. Without it every node sees the one <Dir>/pools,
+	// the stand-in for a shared file system (NFS).
+	NodePools bool
 	// APIPort is the apiserver's secure port on 127.0.0.1 (default 6443).
 	APIPort int
 	// CNIBinDir holds the CNI plugins (loopback, bridge and host-local;
@@ -99,6 +115,18 @@ func (c *Config) Validate() error {
 			errs = append(errs, fmt.Errorf("NodeName: %w", err))
 		}
 		c.NodeName = lowerDNS(h)
+	}
+	if c.Nodes == 0 {
+		c.Nodes = 1
+	}
+	if c.Nodes < 1 || c.Nodes > MaxNodes {
+		errs = append(errs, fmt.Errorf("Nodes %d: want 1 to %d", c.Nodes, MaxNodes))
+	}
+	if c.Nodes > 1 && (c.NodeIP == "" || c.NodeIP != NetNSNodeIP() || !ownNetNS()) {
+		errs = append(errs, fmt.Errorf("Nodes %d: a cluster of nodes needs NodeIP to be the address of the network namespace InNetNS made (%q here)", c.Nodes, NetNSNodeIP()))
+	}
+	if c.NodePools && c.Nodes < 2 {
+		errs = append(errs, errors.New("NodePools: only on a cluster of nodes (Nodes 2 or more)"))
 	}
 	if c.APIPort == 0 {
 		c.APIPort = DefaultAPIPort

@@ -17,18 +17,24 @@ import (
 // daemon; kubelet gets kubeletStopGrace.
 const daemonStopGrace = 10 * time.Second
 
-// start runs the daemon name from BinDir through internal/harness/proc, in a
-// process group of its own (Stop reaches what it started that stayed in
-// the group), its output in <LogDir>/<name>.log, and adds it to procs,
-// which poll watches.
+// start runs the control plane's daemon name from BinDir (startOn runs a
+// node's).
 func (c *Cluster) start(name string, env []string, args ...string) (*proc.Process, error) {
+	return c.run(name, name, filepath.Join(c.cfg.BinDir, name), env, args...)
+}
+
+// run runs bin through internal/harness/proc as the daemon name (of the
+// binary daemon), in a process group of its own (Stop reaches what it
+// started that stayed in the group), its output in <LogDir>/<name>.log,
+// and adds it to procs, which poll watches.
+func (c *Cluster) run(name, daemon, bin string, env []string, args ...string) (*proc.Process, error) {
 	grace := daemonStopGrace
-	if name == "kubelet" {
+	if daemon == "kubelet" {
 		grace = kubeletStopGrace
 	}
 	p, err := proc.Run(proc.Spec{
 		Name:   name,
-		Bin:    filepath.Join(c.cfg.BinDir, name),
+		Bin:    bin,
 		Args:   args,
 		LogDir: c.LogDir,
 		Dir:    c.cfg.Dir,

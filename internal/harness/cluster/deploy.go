@@ -5,10 +5,12 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
+	storagev1 "k8s.io/api/storage/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 )
@@ -95,10 +97,16 @@ patches:
               - name: pool-default
                 hostPath: {path: %s, type: DirectoryOrCreate}
 `, w.kind, w.name, c.PoolDir())
-		if c.cfg.APIPort != DefaultAPIPort {
+		if c.cfg.APIPort != DefaultAPIPort || c.multi() {
+			// On a cluster of nodes, a node's loopback is its own: the
+			// API server is at the control plane's address.
+			host := "127.0.0.1"
+			if c.multi() {
+				host = c.cfg.NodeIP
+			}
 			b.WriteString("            containers:\n")
 			for _, ctr := range w.api {
-				fmt.Fprintf(&b, "              - name: %s\n                env:\n                  - {name: KUBERNETES_SERVICE_PORT, value: \"%d\"}\n", ctr, c.cfg.APIPort)
+				fmt.Fprintf(&b, "              - name: %s\n                env:\n                  - {name: KUBERNETES_SERVICE_HOST, value: %s}\n                  - {name: KUBERNETES_SERVICE_PORT, value: \"%d\"}\n", ctr, host, c.cfg.APIPort)
 			}
 		}
 	}
@@ -145,7 +153,7 @@ func (c *Cluster) Deploy(ctx context.Context, dir string) error {
 			if err != nil {
 				return false, err
 			}
-			return ds.Status.DesiredNumberScheduled > 0 && ds.Status.NumberReady == ds.Status.DesiredNumberScheduled && ds.Status.ObservedGeneration == ds.Generation, nil
+			return ds.Status.DesiredNumberScheduled == int32(len(c.nodes)) && ds.Status.NumberReady == ds.Status.DesiredNumberScheduled && ds.Status.ObservedGeneration == ds.Generation, nil
 		}},
 		{"StatefulSet loopvol-controller ready", func() (bool, error) {
 			ss, err := c.Client.AppsV1().StatefulSets(Namespace).Get(ctx, "loopvol-controller", metav1.GetOptions{})
@@ -154,17 +162,17 @@ func (c *Cluster) Deploy(ctx context.Context, dir string) error {
 			}
 			return statefulSetReady(ss), nil
 		}},
-		{"CSINode " + c.NodeName + " lists " + DriverName, func() (bool, error) {
-			n, err := c.Client.StorageV1().CSINodes().Get(ctx, c.NodeName, metav1.GetOptions{})
-			if err != nil {
-				return false, err
-			}
-			for _, d := range n.Spec.Drivers {
-				if d.Name == DriverName {
-					return true, nil
+		{"every node's CSINode lists " + DriverName, func() (bool, error) {
+			for _, node := range c.nodes {
+				n, err := c.Client.StorageV1().CSINodes().Get(ctx, node.Name, metav1.GetOptions{})
+				if err != nil {
+					return false, err
+				}
+				if !slices.ContainsFunc(n.Spec.Drivers, func(d storagev1.CSINodeDriver) bool { return d.Name == DriverName }) {
+					return false, nil
 				}
 			}
-			return false, nil
+			return true, nil
 		}},
 	} {
 		if err := c.poll(w.what, 3*time.Minute, func() error {
@@ -177,7 +185,7 @@ func (c *Cluster) Deploy(ctx context.Context, dir string) error {
 			}
 			return nil
 		}); err != nil {
-			return fmt.Errorf("%w (container logs: %s)", err, filepath.Join(c.cfg.Dir, "pod-logs"))
+			return fmt.Errorf("%w (container logs: %s)", err, c.nodes[0].PodLogDir)
 		}
 		c.say("cluster: %s after %s", w.what, since(start))
 	}

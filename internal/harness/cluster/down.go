@@ -31,23 +31,34 @@ func (c *Cluster) Down(ctx context.Context) error {
 	var errs []error
 	// A kubelet left stopped (StopKubelet, by a disruptive spec that
 	// failed half-way) is started again, so that it deletes the pods and
-	// unmounts their volumes through the driver.
-	if c.Client != nil && c.kubeletArgs != nil && !c.KubeletRunning() {
-		if err := c.StartKubelet(); err != nil {
-			c.say("cluster: teardown: %v (going on)", err)
+	// unmounts their volumes through the driver; so is a node's cut link.
+	running := c.Client != nil
+	for _, n := range c.nodes {
+		if n.Link != "" && n.ns != nil {
+			if err := ip("link", "set", n.Link, "up"); err != nil {
+				c.say("cluster: teardown: %v (going on)", err)
+			}
 		}
+		if c.Client != nil && n.kubeletArgs != nil && !c.kubeletRunning(n) {
+			if err := c.startKubelet(n); err != nil {
+				c.say("cluster: teardown: %v (going on)", err)
+			}
+		}
+		running = running && c.kubeletRunning(n)
 	}
-	if c.Client != nil && c.KubeletRunning() {
+	if running {
 		if err := c.deletePods(ctx, 90*time.Second); err != nil {
 			c.say("cluster: teardown: %v (going on)", err)
 		}
 	}
-	if c.kubelet != nil {
-		c.kubelet.Stop()
-	}
-	if c.containerd != nil && c.containerd.Running() {
-		if err := c.killTasks(); err != nil {
-			c.say("cluster: teardown: %v (going on)", err)
+	for _, n := range c.nodes {
+		if n.kubelet != nil {
+			n.kubelet.Stop()
+		}
+		if n.containerd != nil && n.containerd.Running() {
+			if err := c.killTasks(n); err != nil {
+				c.say("cluster: teardown: %v (going on)", err)
+			}
 		}
 	}
 	// Everything but the apiserver and etcd, newest first.
@@ -56,13 +67,26 @@ func (c *Cluster) Down(ctx context.Context) error {
 			p.Stop()
 		}
 	}
-	if c.ContainerdSocket != "" {
-		if err := killPIDs(pidsWithArg(c.ContainerdSocket), 10*time.Second); err != nil {
-			errs = append(errs, fmt.Errorf("containerd shims: %w", err))
+	for _, n := range c.nodes {
+		if err := killPIDs(pidsWithArg(n.ContainerdSocket), 10*time.Second); err != nil {
+			errs = append(errs, fmt.Errorf("node %s: containerd shims: %w", n.Name, err))
 		}
 	}
-	if err := killCgroups(); err != nil {
+	roots := c.cgroupRoots()
+	if err := killCgroups(roots); err != nil {
 		errs = append(errs, err)
+	}
+	// A node's mounts go with its mount namespace, once its holder (the
+	// last process in it) has.
+	for _, n := range c.nodes {
+		if err := n.stopNodeNS(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if c.multi() {
+		if err := c.nodeBridgeDown(); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if err := c.unmountAll(); err != nil {
 		errs = append(errs, err)
@@ -70,14 +94,14 @@ func (c *Cluster) Down(ctx context.Context) error {
 	if err := c.detachLoops(); err != nil {
 		errs = append(errs, err)
 	}
-	if err := removeCgroups(); err != nil {
+	if err := removeCgroups(roots); err != nil {
 		errs = append(errs, err)
 	}
 	for i := len(c.procs) - 1; i >= 0; i-- {
 		c.procs[i].Stop()
 	}
 	c.procs = nil
-	for _, d := range []string{"etcd", "kubelet", "containerd", "cni", "pod-logs", "pools", "pki"} {
+	for _, d := range stateDirs {
 		if err := c.removeTree(filepath.Join(c.cfg.Dir, d)); err != nil {
 			errs = append(errs, err)
 		}
@@ -157,96 +181,34 @@ func (c *Cluster) deletePods(ctx context.Context, timeout time.Duration) error {
 	return nil
 }
 
-// killTasks kills and removes every container task and container of
+// killTasks kills and removes every container task and container of n's
 // containerd's k8s.io namespace.
-func (c *Cluster) killTasks() error {
-	out, err := c.ctr("tasks", "ls", "-q")
+func (c *Cluster) killTasks(n *node) error {
+	out, err := c.ctr(n, "tasks", "ls", "-q")
 	if err != nil {
 		return err
 	}
 	ids := strings.Fields(out)
 	for _, id := range ids {
-		_, _ = c.ctr("tasks", "kill", "-a", "-s", "SIGKILL", id)
+		_, _ = c.ctr(n, "tasks", "kill", "-a", "-s", "SIGKILL", id)
 	}
 	var errs []error
 	for _, id := range ids {
 		deadline := time.Now().Add(10 * time.Second)
 		for {
-			if _, err := c.ctr("tasks", "rm", "-f", id); err == nil || time.Now().After(deadline) {
+			if _, err := c.ctr(n, "tasks", "rm", "-f", id); err == nil || time.Now().After(deadline) {
 				break
 			}
 			time.Sleep(100 * time.Millisecond)
 		}
 	}
-	out, err = c.ctr("containers", "ls", "-q")
+	out, err = c.ctr(n, "containers", "ls", "-q")
 	if err != nil {
 		return err
 	}
 	for _, id := range strings.Fields(out) {
-		if _, err := c.ctr("containers", "rm", id); err != nil {
+		if _, err := c.ctr(n, "containers", "rm", id); err != nil {
 			errs = append(errs, err)
-		}
-	}
-	return errors.Join(errs...)
-}
-
-// kubepodsCgroups lists kubelet's cgroups (kubepods and below, every
-// hierarchy, cgroup v1 or v2), deepest first.
-func kubepodsCgroups() []string {
-	var dirs []string
-	roots, _ := filepath.Glob("/sys/fs/cgroup/*/kubepods")
-	if _, err := os.Stat("/sys/fs/cgroup/kubepods"); err == nil {
-		roots = append(roots, "/sys/fs/cgroup/kubepods")
-	}
-	for _, r := range roots {
-		_ = filepath.WalkDir(r, func(p string, d os.DirEntry, err error) error {
-			if err == nil && d.IsDir() {
-				dirs = append(dirs, p)
-			}
-			return nil
-		})
-	}
-	sort.Slice(dirs, func(i, j int) bool { return strings.Count(dirs[i], "/") > strings.Count(dirs[j], "/") })
-	return dirs
-}
-
-// killCgroups kills every process left in kubelet's cgroups: the
-// containers of pods, which only this cluster's kubelet made.
-func killCgroups() error {
-	var pids []int
-	seen := map[int]bool{}
-	for _, d := range kubepodsCgroups() {
-		b, err := os.ReadFile(filepath.Join(d, "cgroup.procs"))
-		if err != nil {
-			continue
-		}
-		for _, f := range strings.Fields(string(b)) {
-			if pid, err := strconv.Atoi(f); err == nil && !seen[pid] {
-				seen[pid] = true
-				pids = append(pids, pid)
-			}
-		}
-	}
-	if err := killPIDs(pids, 10*time.Second); err != nil {
-		return fmt.Errorf("processes in kubepods cgroups: %w", err)
-	}
-	return nil
-}
-
-func removeCgroups() error {
-	var errs []error
-	for _, d := range kubepodsCgroups() {
-		deadline := time.Now().Add(5 * time.Second)
-		for {
-			err := syscall.Rmdir(d)
-			if err == nil || errors.Is(err, syscall.ENOENT) {
-				break
-			}
-			if time.Now().After(deadline) {
-				errs = append(errs, fmt.Errorf("cgroup %s: %w", d, err))
-				break
-			}
-			time.Sleep(50 * time.Millisecond)
 		}
 	}
 	return errors.Join(errs...)
@@ -324,6 +286,10 @@ func (c *Cluster) unmountAll() error {
 // of a file under Dir/pools.
 func (c *Cluster) detachLoops() error {
 	under := c.filesUnder(filepath.Join(c.cfg.Dir, "pools"))
+	// A node's own pools (Config.NodePools).
+	for id := range c.filesUnder(filepath.Join(c.cfg.Dir, "nodes")) {
+		under[id] = true
+	}
 	files, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
 	var errs []error
 	for _, f := range files {

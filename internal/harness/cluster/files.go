@@ -10,7 +10,13 @@ import (
 
 // kubeconfig writes a kubeconfig for the client certificate <pki>/<name>.
 func (c *Cluster) kubeconfig(name string) (string, error) {
-	path := filepath.Join(c.cfg.Dir, "kubeconfig-"+name)
+	return c.kubeconfigFor(name, name, c.Server)
+}
+
+// kubeconfigFor writes <Dir>/kubeconfig-<file> for the client certificate
+// <pki>/<name> and the API server at server.
+func (c *Cluster) kubeconfigFor(name, file, server string) (string, error) {
+	path := filepath.Join(c.cfg.Dir, "kubeconfig-"+file)
 	data := fmt.Sprintf(`apiVersion: v1
 kind: Config
 clusters:
@@ -27,7 +33,7 @@ contexts:
   - name: loopvol
     context: {cluster: loopvol, user: %s}
 current-context: loopvol
-`, c.Server, filepath.Join(c.pki, "ca.crt"), name, filepath.Join(c.pki, name+".crt"), filepath.Join(c.pki, name+".key"), name)
+`, server, filepath.Join(c.pki, "ca.crt"), name, filepath.Join(c.pki, name+".crt"), filepath.Join(c.pki, name+".key"), name)
 	return path, os.WriteFile(path, []byte(data), 0o600)
 }
 
@@ -35,16 +41,16 @@ current-context: loopvol
 // the CRI plugin with runc (cgroupfs), the local sandbox image, no
 // oom_score_adj below containerd's own (root lacks CAP_SYS_RESOURCE here)
 // and the loopback-only CNI configuration.
-func (c *Cluster) containerdConfig() string {
+func (c *Cluster) containerdConfig(n *node) string {
 	q := func(s string) string { return fmt.Sprintf("%q", s) }
 	return strings.Join([]string{
 		`version = 3`,
-		`root = ` + q(filepath.Join(c.containerdDir, "root")),
-		`state = ` + q(filepath.Join(c.containerdDir, "state")),
+		`root = ` + q(filepath.Join(n.containerdDir, "root")),
+		`state = ` + q(filepath.Join(n.containerdDir, "state")),
 		`[grpc]`,
-		`  address = ` + q(c.ContainerdSocket),
+		`  address = ` + q(n.ContainerdSocket),
 		`[ttrpc]`,
-		`  address = ` + q(c.ContainerdSocket+".ttrpc"),
+		`  address = ` + q(n.ContainerdSocket+".ttrpc"),
 		`[debug]`,
 		`  address = ""`,
 		`[metrics]`,
@@ -61,7 +67,7 @@ func (c *Cluster) containerdConfig() string {
 		`        SystemdCgroup = false`,
 		`  [plugins."io.containerd.cri.v1.runtime".cni]`,
 		`    bin_dirs = [` + q(c.cfg.CNIBinDir) + `]`,
-		`    conf_dir = ` + q(filepath.Join(c.cfg.Dir, "cni")),
+		`    conf_dir = ` + q(filepath.Join(n.StateDir, "cni")),
 		`[plugins."io.containerd.cri.v1.images"]`,
 		`  snapshotter = "overlayfs"`,
 		`  [plugins."io.containerd.cri.v1.images".pinned_images]`,
@@ -79,17 +85,17 @@ func (c *Cluster) containerdConfig() string {
 // the cluster has a NodeIP: then a bridge of PodCIDR in this network
 // namespace, its addresses kept under Dir. No masquerading, no port
 // mapping: nothing is routed out of the namespace.
-func (c *Cluster) cniConfig() string {
-	if c.cfg.NodeIP == "" {
+func (c *Cluster) cniConfig(n *node) string {
+	if n.IP == "" {
 		return `{"cniVersion": "1.0.0", "name": "loopback-only", "plugins": [{"type": "loopback"}]}` + "\n"
 	}
 	return fmt.Sprintf(`{"cniVersion": "1.0.0", "name": "loopvol-pods", "plugins": [{"type": "bridge", "bridge": "lvpods0", "isGateway": true, "ipMasq": false, "hairpinMode": true,
   "ipam": {"type": "host-local", "ranges": [[{"subnet": %q}]], "routes": [{"dst": "0.0.0.0/0"}], "dataDir": %q}}]}
-`, c.cfg.PodCIDR, filepath.Join(c.cfg.Dir, "cni", "ipam"))
+`, n.PodCIDR, filepath.Join(n.StateDir, "cni", "ipam"))
 }
 
-// kubeletConfig is kubelet's KubeletConfiguration.
-func (c *Cluster) kubeletConfig() string {
+// kubeletConfig is n's kubelet's KubeletConfiguration.
+func (c *Cluster) kubeletConfig(n *node) string {
 	return fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 # This kind of machine has cgroup v1, which kubelet 1.37 refuses by default.
@@ -130,7 +136,17 @@ syncFrequency: 10s
 # components of the node; outside the cluster's own network namespace
 # they would land in the host's tables.
 makeIPTablesUtilChains: %t
-`, c.ContainerdSocket, cmp.Or(c.cfg.NodeIP, "127.0.0.1"), c.kubeletPort, c.kubeletHealthzPort,
-		filepath.Join(c.pki, "kubelet-serving.crt"), filepath.Join(c.pki, "kubelet-serving.key"),
-		filepath.Join(c.pki, "ca.crt"), filepath.Join(c.cfg.Dir, "pod-logs"), c.serviceProxy)
+%s`, n.ContainerdSocket, cmp.Or(n.IP, "127.0.0.1"), n.kubeletPort, n.kubeletHealthzPort,
+		filepath.Join(c.pki, c.kubeletCertName(n, true)+".crt"), filepath.Join(c.pki, c.kubeletCertName(n, true)+".key"),
+		filepath.Join(c.pki, "ca.crt"), n.PodLogDir, c.serviceProxy, cgroupRootSetting(n.cgroupRoot))
+}
+
+// cgroupRootSetting is kubelet's cgroupRoot line, when it has one of its
+// own: on a cluster of nodes each node's (Up makes it in every hierarchy,
+// Down removes it), so that its kubepods are its own.
+func cgroupRootSetting(root string) string {
+	if root == "" {
+		return ""
+	}
+	return "cgroupRoot: " + root + "\n"
 }

@@ -17,14 +17,16 @@ const kubeletStopGrace = 20 * time.Second
 // errKubeletStopped: StartKubelet's counterpart was never called.
 var errKubeletStopped = errors.New("kubelet is stopped")
 
-// StopKubelet stops kubelet as `systemctl stop kubelet` does on a node:
-// SIGTERM, and the pods' containers go on running under containerd. The
-// storage e2e suite's disruptive specs stop kubelet, change pods while it
-// is down, and start it again (test/e2e-k8s). Stopping a stopped kubelet
-// does nothing.
-func (c *Cluster) StopKubelet() {
+// StopKubelet stops the first node's kubelet as `systemctl stop kubelet`
+// does on a node: SIGTERM, and the pods' containers go on running under
+// containerd. The storage e2e suite's disruptive specs stop kubelet, change
+// pods while it is down, and start it again (test/e2e-k8s). Stopping a
+// stopped kubelet does nothing.
+func (c *Cluster) StopKubelet() { c.stopKubelet(c.nodes[0]) }
+
+func (c *Cluster) stopKubelet(n *node) {
 	c.mu.Lock()
-	p := c.kubelet
+	p := n.kubelet
 	if p == nil || !p.Running() {
 		c.mu.Unlock()
 		return
@@ -34,42 +36,46 @@ func (c *Cluster) StopKubelet() {
 	c.procs = slices.DeleteFunc(c.procs, func(q *proc.Process) bool { return q == p })
 	c.mu.Unlock()
 	p.Stop()
-	c.say("cluster: kubelet stopped")
+	c.say("cluster: %s stopped", c.daemonName(n, "kubelet"))
 }
 
-// StartKubelet starts kubelet again, with the flags Up gave it, after
-// StopKubelet; a running kubelet is left alone. It does not wait for the
-// node to be Ready: the caller waits for what it needs (the suite waits for
-// a heartbeat of the new kubelet).
-func (c *Cluster) StartKubelet() error {
-	if c.KubeletRunning() {
+// StartKubelet starts the first node's kubelet again, with the flags Up
+// gave it, after StopKubelet; a running kubelet is left alone. It does not
+// wait for the node to be Ready: the caller waits for what it needs (the
+// suite waits for a heartbeat of the new kubelet).
+func (c *Cluster) StartKubelet() error { return c.startKubelet(c.nodes[0]) }
+
+func (c *Cluster) startKubelet(n *node) error {
+	if c.kubeletRunning(n) {
 		return nil
 	}
-	if c.kubeletArgs == nil {
+	if n.kubeletArgs == nil {
 		return fmt.Errorf("start kubelet: %w before Up started it", errKubeletStopped)
 	}
-	if err := c.runKubelet(); err != nil {
+	if err := c.runKubelet(n); err != nil {
 		return err
 	}
-	c.say("cluster: kubelet started again")
+	c.say("cluster: %s started again", c.daemonName(n, "kubelet"))
 	return nil
 }
 
-// runKubelet starts kubelet with kubeletArgs and kubeletEnv.
-func (c *Cluster) runKubelet() error {
-	p, err := c.start("kubelet", c.kubeletEnv, c.kubeletArgs...)
+// runKubelet starts n's kubelet with its kubeletArgs and kubeletEnv.
+func (c *Cluster) runKubelet(n *node) error {
+	p, err := c.startOn(n, "kubelet", n.kubeletEnv, n.kubeletArgs...)
 	if err != nil {
 		return err
 	}
 	c.mu.Lock()
-	c.kubelet = p
+	n.kubelet = p
 	c.mu.Unlock()
 	return nil
 }
 
-// KubeletRunning tells whether kubelet's process runs.
-func (c *Cluster) KubeletRunning() bool {
+// KubeletRunning tells whether the first node's kubelet runs.
+func (c *Cluster) KubeletRunning() bool { return c.kubeletRunning(c.nodes[0]) }
+
+func (c *Cluster) kubeletRunning(n *node) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.kubelet != nil && c.kubelet.Running()
+	return n.kubelet != nil && n.kubelet.Running()
 }

@@ -58,16 +58,20 @@ func VolumePod(namespace, name, claim, script string) *corev1.Pod {
 }
 
 // ContainerLog returns what a container of pod wrote (its first run), read
-// from kubelet's podLogsDir: the Node has no address that `kubectl logs`
-// could reach.
+// from the podLogsDir of the pod's node's kubelet.
 func (c *Cluster) ContainerLog(pod *corev1.Pod, container string) (string, error) {
-	dir := filepath.Join(c.cfg.Dir, "pod-logs", pod.Namespace+"_"+pod.Name+"_"+string(pod.UID), container)
+	logs := c.nodes[0].PodLogDir
+	if n := c.node(pod.Spec.NodeName); n != nil {
+		logs = n.PodLogDir
+	}
+	dir := filepath.Join(logs, pod.Namespace+"_"+pod.Name+"_"+string(pod.UID), container)
 	b, err := os.ReadFile(filepath.Join(dir, "0.log"))
 	return string(b), err
 }
 
-// PodLogDir is where kubelet keeps the containers' logs.
-func (c *Cluster) PodLogDir() string { return filepath.Join(c.cfg.Dir, "pod-logs") }
+// PodLogDir is where the first node's kubelet keeps the containers' logs
+// (Node.PodLogDir: each node's).
+func (c *Cluster) PodLogDir() string { return c.nodes[0].PodLogDir }
 
 // Wait calls done every 100 ms until it reports true, returns an error, the
 // timeout passes or a daemon of the cluster exits.

@@ -44,8 +44,9 @@ func Main(m *testing.M) {
 // tears the cluster down when the test ends, and on SIGINT or SIGTERM (a
 // cancelled CI job), when t.Cleanup would not run; the state directory is
 // kept when the test failed or the teardown left something behind. build
-// names the make target that builds what Up needs, for the error.
-func Up(t *testing.T, prefix, root, bin, build string, images []string) *cluster.Cluster {
+// names the make target that builds what Up needs, for the error. Each of
+// opts changes the configuration before Up (a cluster of nodes, say).
+func Up(t *testing.T, prefix, root, bin, build string, images []string, opts ...func(*cluster.Config)) *cluster.Cluster {
 	t.Helper()
 	var archives []string
 	for _, i := range images {
@@ -57,7 +58,11 @@ func Up(t *testing.T, prefix, root, bin, build string, images []string) *cluster
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := cluster.Up(context.Background(), cluster.Config{Dir: dir, BinDir: bin, Images: archives, NodeIP: cluster.NetNSNodeIP(), Out: Writer{t}})
+	cfg := cluster.Config{Dir: dir, BinDir: bin, Images: archives, NodeIP: cluster.NetNSNodeIP(), Out: Writer{t}}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	c, err := cluster.Up(context.Background(), cfg)
 	if err != nil {
 		t.Fatalf("cluster up (%s builds the binaries and images): %v", build, err)
 	}
