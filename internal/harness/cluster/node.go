@@ -61,7 +61,7 @@ type node struct {
 	// cluster, one of its own on each node of a cluster of nodes (two
 	// kubelets under one kubepods would each take the other's pods for
 	// orphans).
-	cgroupRoot                     string
+	cgroupRoot                      string
 	kubeletPort, kubeletHealthzPort int
 	// mu in Cluster guards kubelet, which StopKubelet and StartKubelet
 	// change while the cluster runs.
