@@ -64,6 +64,7 @@ test: ##@ Run every check and test (root: real loop devices, mounts and the real
 	$(MAKE) --no-print-directory test-cluster; rc=$$?; \
 	wait $$e2e; erc=$$?; bg=(); echo "### test: $(TEST_BESIDE_CLUSTER) (bin/envtest-e2e.log)"; cat $(BIN)/envtest-e2e.log; \
 	[ $$rc -eq 0 ] || exit $$rc; [ $$erc -eq 0 ] || exit $$erc; \
+	$(MAKE) --no-print-directory test-multinode || exit 1; \
 	$(MAKE) --no-print-directory test-e2e-k8s
 
 unit: test-unit ##@ The fast developer loop: every unit and real-device test that needs no tool (no kube-apiserver, -race).
@@ -150,7 +151,7 @@ test-images: ##@ hack/images' tests: both image recipes agree; the node image ru
 # their images.
 CLUSTER_DIR ?= $(RUN)/cluster
 
-.PHONY: cluster-tools cluster-images demo test-cluster
+.PHONY: cluster-tools cluster-images demo test-cluster test-multinode
 
 cluster-tools: ##@ Build everything the one-node cluster and its tests run into bin/, external-snapshotter too (once; cached in ~/.cache/loopvol/tools).
 	@echo "### cluster-tools"
@@ -165,6 +166,10 @@ cluster-images: static cluster-tools ##@ make images plus the cluster's tool ima
 test-cluster: cluster-images ##@ Tests on a real one-node cluster with loopvol deployed by kustomize (root; docs/cluster.md).
 	@echo "### test-cluster"
 	$(GO) test -count=1 -timeout 30m -v ./test/cluster/ 2>&1 | tee $(BIN)/cluster.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok)|cluster_test.go|cluster: (up|down)' ; exit $${PIPESTATUS[0]}
+
+test-multinode: cluster-images ##@ Tests on a real cluster of two nodes on this machine: a shared pool, pools per node, fencing, moves, drain, failover (root; docs/cluster.md).
+	@echo "### test-multinode"
+	$(GO) test -count=1 -timeout 30m -v ./test/multinode/ 2>&1 | tee $(BIN)/multinode.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok)|_test.go|cluster: (up|down)' ; exit $${PIPESTATUS[0]}
 
 # What the demo runs, and no more: no csi-attacher, external-snapshotter or
 # e2e suite tools or images, which only the tests use.

@@ -33,6 +33,7 @@ func TestSharedPool(t *testing.T) {
 	t.Run("Move", func(t *testing.T) { testMove(t, c) })
 	t.Run("Fencing", func(t *testing.T) { testFencing(t, c) })
 	t.Run("MultiAttach", func(t *testing.T) { testMultiAttach(t, c) })
+	t.Run("LeaderFailover", func(t *testing.T) { testLeaderFailover(t, c) })
 }
 
 // testPodNetwork: ordinary Pods (not hostNetwork) on both nodes, each on

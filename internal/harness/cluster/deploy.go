@@ -10,9 +10,13 @@ import (
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
+	"sigs.k8s.io/kustomize/api/krusty"
+	"sigs.k8s.io/kustomize/kyaml/filesys"
+	"sigs.k8s.io/yaml"
 )
 
 // DriverName is the CSI driver loopvol registers.
@@ -78,14 +82,12 @@ replacements:
           - spec.template.spec.containers.[name=registrar].volumeMounts.[name=kubelet-dir].mountPath
 patches:
 `, c.cfg.Dir, rel, c.KubeletDir)
+	workloads, err := workloads(local)
+	if err != nil {
+		return "", err
+	}
 	// Strategic merge patches: volumes, containers and env merge by name.
-	for _, w := range []struct {
-		kind, name string
-		api        []string // containers that talk to the API
-	}{
-		{"DaemonSet", "loopvol-node", []string{"registrar"}},
-		{"StatefulSet", "loopvol-controller", []string{"sidecar", "csi-provisioner"}},
-	} {
+	for _, w := range workloads {
 		fmt.Fprintf(&b, `  - patch: |-
       apiVersion: apps/v1
       kind: %s
@@ -97,7 +99,7 @@ patches:
               - name: pool-default
                 hostPath: {path: %s, type: DirectoryOrCreate}
 `, w.kind, w.name, c.PoolDir())
-		if c.cfg.APIPort != DefaultAPIPort || c.multi() {
+		if (c.cfg.APIPort != DefaultAPIPort || c.multi()) && len(w.api) > 0 {
 			// On a cluster of nodes, a node's loopback is its own: the
 			// API server is at the control plane's address.
 			host := "127.0.0.1"
@@ -117,14 +119,14 @@ patches:
 		// JSON patches: an argument appended to the driver's list, which
 		// a strategic merge would replace whole. The test ops make a
 		// reordered base fail here instead of patching another container.
-		for _, kind := range []struct{ kind, name string }{{"StatefulSet", "loopvol-controller"}, {"DaemonSet", "loopvol-node"}} {
+		for _, w := range workloads {
 			fmt.Fprintf(&b, `  - target: {kind: %s, name: %s}
     patch: |-
       - {op: test, path: /spec/template/spec/containers/0/name, value: driver}
       - {op: add, path: /spec/template/spec/containers/0/args/-, value: "--pool=%s=/var/lib/loopvol/pools/%s"}
       - {op: add, path: /spec/template/spec/containers/0/volumeMounts/-, value: {name: pool-%s, mountPath: /var/lib/loopvol/pools/%s}}
       - {op: add, path: /spec/template/spec/volumes/-, value: {name: pool-%s, hostPath: {path: %s, type: DirectoryOrCreate}}}
-`, kind.kind, kind.name, name, name, name, name, name, c.PoolDirOf(name))
+`, w.kind, w.name, name, name, name, name, name, c.PoolDirOf(name))
 		}
 	}
 	out := b.String()
@@ -132,6 +134,54 @@ patches:
 		return "", err
 	}
 	return dir, nil
+}
+
+// workload is a DaemonSet or StatefulSet of loopvol's and the containers
+// of it that are told the API server's address (KUBERNETES_SERVICE_HOST).
+type workload struct {
+	kind, name string
+	api        []string
+}
+
+// workloads renders the kustomization dir (kustomize's library, as
+// `kubectl kustomize`) and lists loopvol's DaemonSets and StatefulSets, so
+// that Overlay patches what the overlay has and Deploy waits for it:
+// overlays/distributed has no StatefulSet, and its node pods' API
+// containers are not overlays/local's.
+func workloads(dir string) ([]workload, error) {
+	res, err := krusty.MakeKustomizer(krusty.MakeDefaultOptions()).Run(filesys.MakeFsOnDisk(), dir)
+	if err != nil {
+		return nil, fmt.Errorf("kustomize build %s: %w", dir, err)
+	}
+	var ws []workload
+	for _, r := range res.Resources() {
+		if (r.GetKind() != "DaemonSet" && r.GetKind() != "StatefulSet") || r.GetNamespace() != Namespace {
+			continue
+		}
+		y, err := r.AsYAML()
+		if err != nil {
+			return nil, err
+		}
+		var obj struct {
+			Spec struct {
+				Template corev1.PodTemplateSpec `json:"template"`
+			} `json:"spec"`
+		}
+		if err := yaml.Unmarshal(y, &obj); err != nil {
+			return nil, fmt.Errorf("%s %s: %w", r.GetKind(), r.GetName(), err)
+		}
+		w := workload{kind: r.GetKind(), name: r.GetName()}
+		for _, ctr := range obj.Spec.Template.Spec.Containers {
+			if slices.ContainsFunc(ctr.Env, func(e corev1.EnvVar) bool { return e.Name == "KUBERNETES_SERVICE_HOST" }) {
+				w.api = append(w.api, ctr.Name)
+			}
+		}
+		ws = append(ws, w)
+	}
+	if len(ws) == 0 {
+		return nil, fmt.Errorf("kustomize build %s: no DaemonSet or StatefulSet in namespace %s", dir, Namespace)
+	}
+	return ws, nil
 }
 
 // Deploy applies the kustomization in dir with `kubectl apply
@@ -144,24 +194,36 @@ func (c *Cluster) Deploy(ctx context.Context, dir string) error {
 	} else {
 		c.say("cluster: kubectl apply --server-side -k %s:\n%s", dir, indent(out))
 	}
-	for _, w := range []struct {
+	ws, err := workloads(dir)
+	if err != nil {
+		return err
+	}
+	type wait struct {
 		what  string
 		ready func() (bool, error)
-	}{
-		{"DaemonSet loopvol-node ready", func() (bool, error) {
-			ds, err := c.Client.AppsV1().DaemonSets(Namespace).Get(ctx, "loopvol-node", metav1.GetOptions{})
-			if err != nil {
-				return false, err
-			}
-			return ds.Status.DesiredNumberScheduled == int32(len(c.nodes)) && ds.Status.NumberReady == ds.Status.DesiredNumberScheduled && ds.Status.ObservedGeneration == ds.Generation, nil
-		}},
-		{"StatefulSet loopvol-controller ready", func() (bool, error) {
-			ss, err := c.Client.AppsV1().StatefulSets(Namespace).Get(ctx, "loopvol-controller", metav1.GetOptions{})
-			if err != nil {
-				return false, err
-			}
-			return statefulSetReady(ss), nil
-		}},
+	}
+	var waits []wait
+	for _, w := range ws {
+		switch w.kind {
+		case "DaemonSet":
+			waits = append(waits, wait{"DaemonSet " + w.name + " ready on every node", func() (bool, error) {
+				ds, err := c.Client.AppsV1().DaemonSets(Namespace).Get(ctx, w.name, metav1.GetOptions{})
+				if err != nil {
+					return false, err
+				}
+				return ds.Status.DesiredNumberScheduled == int32(len(c.nodes)) && ds.Status.NumberReady == ds.Status.DesiredNumberScheduled && ds.Status.ObservedGeneration == ds.Generation, nil
+			}})
+		case "StatefulSet":
+			waits = append(waits, wait{"StatefulSet " + w.name + " ready", func() (bool, error) {
+				ss, err := c.Client.AppsV1().StatefulSets(Namespace).Get(ctx, w.name, metav1.GetOptions{})
+				if err != nil {
+					return false, err
+				}
+				return statefulSetReady(ss), nil
+			}})
+		}
+	}
+	for _, w := range append(waits, []wait{
 		{"every node's CSINode lists " + DriverName, func() (bool, error) {
 			for _, node := range c.nodes {
 				n, err := c.Client.StorageV1().CSINodes().Get(ctx, node.Name, metav1.GetOptions{})
@@ -174,7 +236,7 @@ func (c *Cluster) Deploy(ctx context.Context, dir string) error {
 			}
 			return true, nil
 		}},
-	} {
+	}...) {
 		if err := c.poll(w.what, 3*time.Minute, func() error {
 			ok, err := w.ready()
 			if err != nil {
