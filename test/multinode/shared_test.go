@@ -52,7 +52,7 @@ func testPodNetwork(t *testing.T, c *cluster.Cluster) {
 		t.Fatalf("server pod IP %s: not in node %s's pod range %s", srv.Status.PodIP, nodes[1].Name, nodes[1].PodCIDR)
 	}
 	client := onNode(plainPod(ns, "client", fmt.Sprintf(
-		`busybox wget -q -T 10 -O - http://%s:8080/ && `+
+		`printf 'GET / HTTP/1.0\r\n\r\n' | busybox nc -w 10 %s 8080 && `+
 			`printf 'GET /livez HTTP/1.0\r\n\r\n' | busybox nc -w 10 "$KUBERNETES_SERVICE_HOST" "$KUBERNETES_SERVICE_PORT"`, srv.Status.PodIP)), nodes[0].Name)
 	client.Spec.RestartPolicy = corev1.RestartPolicyNever
 	if _, err := c.Client.CoreV1().Pods(ns).Create(ctx, client, metav1.CreateOptions{}); err != nil {
