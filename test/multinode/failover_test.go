@@ -83,15 +83,23 @@ func testLeaderFailover(t *testing.T, c *cluster.Cluster) {
 		t.Fatal(err)
 	}
 
+	// The identity is the leader's host name (its node's: the pods share
+	// the node's network) and a UUID.
 	leader := leaseHolder(ctx, t, c)
-	leaderPod, err := c.Client.CoreV1().Pods(cluster.Namespace).Get(ctx, leader, metav1.GetOptions{})
-	if err != nil {
-		t.Fatalf("the attacher's Lease holder %q is not a pod of the controller: %v", leader, err)
+	leaderNode, _, _ := strings.Cut(leader, "_")
+	var leaderPod *corev1.Pod
+	for i, p := range pods.Items {
+		if p.Spec.NodeName == leaderNode {
+			leaderPod = &pods.Items[i]
+		}
+	}
+	if leaderPod == nil {
+		t.Fatalf("the attacher's Lease holder %q: no controller pod on node %q", leader, leaderNode)
 	}
 	// The volumes go to the node the leader does not run on, so that the
 	// node that goes on serving them is not the one that lost a pod.
 	target := other(c, leaderPod.Spec.NodeName)
-	t.Logf("leader %s on %s; attaching %d volumes to %s", leader, leaderPod.Spec.NodeName, failoverClaims, target)
+	t.Logf("leader %s (pod %s on %s); attaching %d volumes to %s", leader, leaderPod.Name, leaderPod.Spec.NodeName, failoverClaims, target)
 
 	attached := watchAttached(ctx, c)
 	start := time.Now()
@@ -110,7 +118,13 @@ func testLeaderFailover(t *testing.T, c *cluster.Cluster) {
 		}
 		names = append(names, va.Name)
 		if i == failoverClaims/2 {
-			if err := c.Client.CoreV1().Pods(cluster.Namespace).Delete(ctx, leader, metav1.DeleteOptions{}); err != nil {
+			// Its node cordoned first, so that the StatefulSet's new
+			// pod cannot come back there (the replicas' host ports
+			// keep it off the other node): the standby has to take
+			// over, as when the leader's node is lost.
+			kubectl(ctx, t, c, "cordon", leaderPod.Spec.NodeName)
+			t.Cleanup(func() { _, _ = c.Kubectl(context.Background(), "uncordon", leaderPod.Spec.NodeName) })
+			if err := c.Client.CoreV1().Pods(cluster.Namespace).Delete(ctx, leaderPod.Name, metav1.DeleteOptions{}); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -122,14 +136,18 @@ func testLeaderFailover(t *testing.T, c *cluster.Cluster) {
 	})
 	deleted := time.Since(start)
 	var newLeader string
+	var takeover time.Duration
 	if err := c.Wait(ctx, "every VolumeAttachment attached", 3*time.Minute, func(ctx context.Context) (bool, error) {
 		newLeader = leaseHolder(ctx, t, c)
-		return attached.count() == failoverClaims, nil
+		if n, _, _ := strings.Cut(newLeader, "_"); takeover == 0 && n != "" && n != leaderNode {
+			takeover = time.Since(start) - deleted
+		}
+		return attached.count() == failoverClaims && takeover != 0, nil
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if newLeader == leader {
-		t.Fatalf("the Lease is still %s's after its pod was deleted", leader)
+	if newNode, _, _ := strings.Cut(newLeader, "_"); newLeader == leader || newNode == leaderNode {
+		t.Fatalf("the Lease is %s's after the leader %s was deleted: want the standby's on the other node", newLeader, leader)
 	}
 	for _, n := range names {
 		va, err := c.Client.StorageV1().VolumeAttachments().Get(ctx, n, metav1.GetOptions{})
@@ -154,8 +172,8 @@ func testLeaderFailover(t *testing.T, c *cluster.Cluster) {
 	if flips := attached.flips(); flips > 0 {
 		t.Errorf("%d VolumeAttachments went from attached back to not attached: each must be attached once", flips)
 	}
-	t.Logf("leader failover during %d attaches: %s took over from %s; after the delete the next attach came %s later, the longest pause between two attaches %s, all attached %s after the first create",
-		failoverClaims, newLeader, leader, next.Round(time.Millisecond), pause.Round(time.Millisecond), times[len(times)-1].Sub(start).Round(time.Millisecond))
+	t.Logf("leader failover during %d attaches: %s took the Lease over from %s %s after the delete; the next attach came %s after the delete, the longest pause between two attaches %s, all attached %s after the first create",
+		failoverClaims, newLeader, leader, takeover.Round(time.Millisecond), next.Round(time.Millisecond), pause.Round(time.Millisecond), times[len(times)-1].Sub(start).Round(time.Millisecond))
 
 	for _, n := range names {
 		if err := c.Client.StorageV1().VolumeAttachments().Delete(ctx, n, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {

@@ -291,19 +291,26 @@ func testMultiAttach(t *testing.T, c *cluster.Cluster) {
 		t.Fatal(err)
 	}
 	var event string
-	if err := c.Wait(ctx, "the Multi-Attach event of pod second", 2*time.Minute, func(ctx context.Context) (bool, error) {
+	if err := c.Wait(ctx, "the Multi-Attach (FailedAttachVolume) event of pod second", 2*time.Minute, func(ctx context.Context) (bool, error) {
 		evs, err := c.Client.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=second"})
 		if err != nil {
 			return false, err
 		}
 		for _, e := range evs.Items {
-			if e.Reason == "FailedAttachVolume" && strings.Contains(e.Message, "Multi-Attach error") {
+			// Kubernetes 1.37 words it "Waiting for detach for volume
+			// ... Volume is already used by pod(s) first"; before, it
+			// began "Multi-Attach error".
+			if e.Reason == "FailedAttachVolume" && (strings.Contains(e.Message, "Multi-Attach error") || strings.Contains(e.Message, "already used by pod(s) first")) {
 				event = e.Message
 				return true, nil
 			}
 		}
 		return false, nil
 	}); err != nil {
+		evs, _ := c.Client.CoreV1().Events(ns).List(ctx, metav1.ListOptions{})
+		for _, e := range evs.Items {
+			t.Logf("event %s %s: %s %s", e.InvolvedObject.Kind, e.InvolvedObject.Name, e.Reason, e.Message)
+		}
 		t.Fatal(err)
 	}
 	t.Logf("pod second waits: %s", event)

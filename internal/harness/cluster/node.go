@@ -26,7 +26,7 @@ type Node struct {
 	IP string
 	// PodCIDR is the range of the node's pod bridge ("" without IP).
 	PodCIDR string
-	// PID is the process that holds the node's network and mount
+	// PID is the process that holds the node's network, mount and UTS
 	// namespaces, in which every daemon of the node runs; 0 on a
 	// one-node cluster, whose daemons run in this process's namespaces.
 	PID int

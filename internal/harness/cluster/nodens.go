@@ -22,8 +22,8 @@ const nsenterPath = "/usr/bin/nsenter"
 // namespace (the one InNetNS made), which routes between them.
 const nodeBridge = "lvnodes0"
 
-// nodeNS is the process that holds a node's network and mount namespaces
-// for as long as the node lives: `sleep infinity`, after a script that
+// nodeNS is the process that holds a node's network, mount and UTS
+// namespaces for as long as the node lives: `sleep infinity`, after a script that
 // set the mount namespace up.
 type nodeNS struct {
 	cmd *exec.Cmd
@@ -33,7 +33,7 @@ type nodeNS struct {
 // enter is the nsenter command line that runs bin in the node's
 // namespaces.
 func (ns *nodeNS) enter(bin string) []string {
-	return []string{"--target=" + strconv.Itoa(ns.pid), "--net", "--mount", "--", bin}
+	return []string{"--target=" + strconv.Itoa(ns.pid), "--net", "--mount", "--uts", "--", bin}
 }
 
 // nodeNSScript sets a node's mount namespace up: a slave of this machine's
@@ -47,8 +47,14 @@ func (ns *nodeNS) enter(bin string) []string {
 // kubelet and runc use whatever their configuration says) and, with pools
 // of its own, the node's pools at the cluster's pool path.
 //
-// $1 is the node's state directory, $2 the cluster's, $3 "pools" or "".
+// The node's host name is its name, as on a real node: what a hostNetwork
+// pod calls os.Hostname() (a leader-election identity, say) tells the
+// nodes apart.
+//
+// $1 is the node's state directory, $2 the cluster's, $3 "pools" or "",
+// $4 the node's name.
 const nodeNSScript = `set -e
+hostname "$4"
 mount --make-rslave /
 mount -t sysfs -o nosuid,nodev,noexec sysfs "$1/sysfs"
 mount --bind "$1/kubelet" "$2/kubelet"
@@ -79,14 +85,14 @@ func (c *Cluster) startNodeNS(n *node) error {
 		return err
 	}
 	defer log.Close()
-	cmd := exec.Command("/bin/sh", "-c", nodeNSScript, "sh", n.StateDir, c.cfg.Dir, pools)
+	cmd := exec.Command("/bin/sh", "-c", nodeNSScript, "sh", n.StateDir, c.cfg.Dir, pools, n.Name)
 	cmd.Stderr = log
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		return err
 	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{
-		Cloneflags: syscall.CLONE_NEWNET | syscall.CLONE_NEWNS,
+		Cloneflags: syscall.CLONE_NEWNET | syscall.CLONE_NEWNS | syscall.CLONE_NEWUTS,
 		// Its own group, so that a terminal's ^C reaches Down first.
 		Setpgid: true,
 		// Gone with this process, even when it is killed: nothing else
