@@ -23,8 +23,12 @@ import (
 // these tests run.
 var images = []string{"loopvol-node", "loopvol-controller", "csi-provisioner", "pause", "busybox"}
 
+// nodeDisk is the size of each node's own pool file system (nodePools).
+const nodeDisk = 512 << 20
+
 // up brings a cluster of two nodes up (nodePools: each node with pools of
-// its own, else one pool every node sees), applies the overlay of
+// its own, on a file system of nodeDisk bytes, else one pool every node
+// sees), applies the overlay of
 // deploy/kubernetes named overlay with what this cluster needs
 // (Cluster.Overlay), and tears it all down when the test ends.
 func up(t *testing.T, nodePools bool, overlay string) (*cluster.Cluster, string) {
@@ -44,6 +48,9 @@ func up(t *testing.T, nodePools bool, overlay string) (*cluster.Cluster, string)
 	}
 	c := clustertest.Up(t, "loopvol-multinode-", root, bin, "`make test-multinode`", images, func(cfg *cluster.Config) {
 		cfg.Nodes, cfg.NodePools, cfg.NodeName = 2, nodePools, "node"
+		if nodePools {
+			cfg.NodePoolBytes = nodeDisk
+		}
 	})
 	dir, err := c.Overlay(filepath.Join(root, "deploy", "kubernetes", "overlays", overlay))
 	if err != nil {

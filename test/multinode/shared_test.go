@@ -34,6 +34,8 @@ func TestSharedPool(t *testing.T) {
 	t.Run("Fencing", func(t *testing.T) { testFencing(t, c) })
 	t.Run("MultiAttach", func(t *testing.T) { testMultiAttach(t, c) })
 	t.Run("LeaderFailover", func(t *testing.T) { testLeaderFailover(t, c) })
+	// Last: the controller's pod may be on the drained node and move.
+	t.Run("Drain", func(t *testing.T) { testDrainShared(t, c) })
 }
 
 // testPodNetwork: ordinary Pods (not hostNetwork) on both nodes, each on
@@ -115,26 +117,7 @@ const moveScript = `cd /data && if [ -f file.sha256 ]; then busybox sha256sum -c
 func testMove(t *testing.T, c *cluster.Cluster) {
 	ctx := context.Background()
 	ns := namespace(t, c, "move")
-	ss := &appsv1.StatefulSet{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "app"},
-		Spec: appsv1.StatefulSetSpec{
-			Replicas: ptr.To[int32](1),
-			Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "move"}},
-			Template: corev1.PodTemplateSpec{
-				ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": "move"}},
-				Spec:       volumePodSpec("data", moveScript),
-			},
-			VolumeClaimTemplates: []corev1.PersistentVolumeClaim{*cluster.Claim(ns, "data", "loopvol", "64Mi")},
-		},
-	}
-	ss.Spec.VolumeClaimTemplates[0].Namespace = ""
-	if _, err := c.Client.AppsV1().StatefulSets(ns).Create(ctx, ss, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	pod := running(ctx, t, c, ns, "app-0")
-	logLine(ctx, t, c, pod, "written on "+pod.Spec.NodeName)
-	pv := volumeOf(ctx, t, c, ns, "data-app-0")
-
+	pod, pv := startMover(ctx, t, c, ns)
 	var detach, attach, start, total []time.Duration
 	for i := range 5 {
 		from := pod.Spec.NodeName
@@ -189,6 +172,31 @@ func testMove(t *testing.T, c *cluster.Cluster) {
 	}
 	t.Logf("a Pod's move between nodes, median of %d: %s in all (detach %s, attach %s, stage + publish + container start %s)",
 		len(total), median(total), median(detach), median(attach), median(start))
+}
+
+// startMover makes the StatefulSet app (one replica) of moveScript with a
+// claim of the class loopvol, waits until its pod has written its data,
+// and returns the pod and its volume.
+func startMover(ctx context.Context, t *testing.T, c *cluster.Cluster, ns string) (*corev1.Pod, *corev1.PersistentVolume) {
+	t.Helper()
+	ss := &appsv1.StatefulSet{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "app"},
+		Spec: appsv1.StatefulSetSpec{
+			Replicas: ptr.To[int32](1),
+			Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "move"}},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": "move"}},
+				Spec:       volumePodSpec("data", moveScript),
+			},
+			VolumeClaimTemplates: []corev1.PersistentVolumeClaim{*cluster.Claim("", "data", "loopvol", "64Mi")},
+		},
+	}
+	if _, err := c.Client.AppsV1().StatefulSets(ns).Create(ctx, ss, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pod := running(ctx, t, c, ns, "app-0")
+	logLine(ctx, t, c, pod, "written on "+pod.Spec.NodeName)
+	return pod, volumeOf(ctx, t, c, ns, "data-app-0")
 }
 
 // volumePodSpec is cluster.VolumePod's spec with $NODE, for claim.

@@ -52,6 +52,12 @@ type Config struct {
 	// local disk per node. Without it every node sees the one <Dir>/pools,
 	// the stand-in for a shared file system (NFS).
 	NodePools bool
+	// NodePoolBytes, with NodePools, makes each node's pools a file
+	// system of their own of that size (ext4 on a loop device, mounted
+	// at <Dir>/nodes/<name>/pools before the node starts): a local disk
+	// per node, whose free space is the node's alone. Zero: the nodes'
+	// pool directories share the file system of Dir.
+	NodePoolBytes int64
 	// APIPort is the apiserver's secure port on 127.0.0.1 (default 6443).
 	APIPort int
 	// CNIBinDir holds the CNI plugins (loopback, bridge and host-local;
@@ -124,6 +130,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Nodes > 1 && (c.NodeIP == "" || c.NodeIP != NetNSNodeIP() || !ownNetNS()) {
 		errs = append(errs, fmt.Errorf("Nodes %d: a cluster of nodes needs NodeIP to be the address of the network namespace InNetNS made (%q here)", c.Nodes, NetNSNodeIP()))
+	}
+	if c.NodePoolBytes < 0 || (c.NodePoolBytes > 0 && !c.NodePools) {
+		errs = append(errs, fmt.Errorf("NodePoolBytes %d: a positive size, with NodePools", c.NodePoolBytes))
 	}
 	if c.NodePools && c.Nodes < 2 {
 		errs = append(errs, errors.New("NodePools: only on a cluster of nodes (Nodes 2 or more)"))

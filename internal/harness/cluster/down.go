@@ -88,6 +88,12 @@ func (c *Cluster) Down(ctx context.Context) error {
 			errs = append(errs, err)
 		}
 	}
+	// Loop devices of volumes first: their images may lie on a node's
+	// pool disk (NodePoolBytes), which unmountAll would only detach while
+	// they hold it; then the disks' own.
+	if err := c.detachLoops(); err != nil {
+		errs = append(errs, err)
+	}
 	if err := c.unmountAll(); err != nil {
 		errs = append(errs, err)
 	}

@@ -3,6 +3,7 @@ package cluster
 import (
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -49,9 +50,16 @@ func NetNSNodeIP() string { return os.Getenv(netnsEnv) }
 //
 // By hand rather than `unshare --net` so that the child needs no wrapper:
 // test binaries and hack/demo call it first thing in main or TestMain.
+// InNetNSForwarding also makes ports of the host's namespace reach it.
 func InNetNS(nodeIP string) (code int, child bool, err error) {
+	return inNetNS(nodeIP, os.Args[1:], nil)
+}
+
+// inNetNS is InNetNS running the program with args, and with forwards, the
+// listeners of InNetNSForwarding, passed on to it.
+func inNetNS(nodeIP string, args []string, forwards []*net.TCPListener) (code int, child bool, err error) {
 	if os.Getenv(netnsEnv) == nodeIP {
-		return 0, true, nil
+		return 0, true, serveForwarded()
 	}
 	if os.Getenv(netnsEnv) != "" {
 		return 0, false, fmt.Errorf("already in a network namespace for node address %s, not %s", os.Getenv(netnsEnv), nodeIP)
@@ -68,14 +76,24 @@ func InNetNS(nodeIP string) (code int, child bool, err error) {
 	// bring it up with nodeIP before the program runs (ip from iproute2,
 	// in the new namespace, the program's parent for a moment).
 	script := `set -e; ip link set lo up; ip addr add "$1/32" dev lo; shift; exec "$@"`
-	cmd := exec.Command("/bin/sh", append([]string{"-c", script, "sh", nodeIP, self}, os.Args[1:]...)...)
+	files, forwardEntry, err := forwardFiles(forwards)
+	if err != nil {
+		return 0, false, err
+	}
+	cmd := exec.Command("/bin/sh", append([]string{"-c", script, "sh", nodeIP, self}, args...)...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
-	cmd.Env = append(os.Environ(), netnsEnv+"="+nodeIP, hostNetNSEnv+"="+host)
+	cmd.Env = append(os.Environ(), netnsEnv+"="+nodeIP, hostNetNSEnv+"="+host, forwardEntry)
+	cmd.ExtraFiles = files
 	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNET}
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
 	defer signal.Stop(sig)
-	if err := cmd.Start(); err != nil {
+	err = cmd.Start()
+	// The child has its own copies now: the listeners are its alone, and
+	// close when it exits.
+	closeFiles(files)
+	closeListeners(forwards)
+	if err != nil {
 		return 0, false, fmt.Errorf("a network namespace for the cluster (root, iproute2): %w", err)
 	}
 	done := make(chan error, 1)

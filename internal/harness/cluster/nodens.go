@@ -79,6 +79,11 @@ func (c *Cluster) startNodeNS(n *node) error {
 	pools := ""
 	if c.cfg.NodePools {
 		pools = "pools"
+		if c.cfg.NodePoolBytes > 0 {
+			if err := c.nodeDisk(n); err != nil {
+				return err
+			}
+		}
 	}
 	log, err := os.OpenFile(filepath.Join(c.LogDir, "node-"+n.Name+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
@@ -123,6 +128,33 @@ func (c *Cluster) startNodeNS(n *node) error {
 		return fmt.Errorf("node %s: its namespaces not set up within 30 s (%s)", n.Name, log.Name())
 	}
 	return c.cable(n)
+}
+
+// nodeDisk makes n's pools a file system of their own (NodePoolBytes):
+// an ext4 image under the node's state directory, loop-mounted on the
+// host at <StateDir>/pools, so that the node's mount namespace, made
+// after, has it. Down's unmountAll and detachLoops undo it (both under
+// Dir).
+func (c *Cluster) nodeDisk(n *node) error {
+	img := filepath.Join(n.StateDir, "pool-disk.img")
+	f, err := os.OpenFile(img, os.O_CREATE|os.O_RDWR|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	err = f.Truncate(c.cfg.NodePoolBytes)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return err
+	}
+	if out, err := exec.Command("mkfs.ext4", "-q", "-F", "-m", "0", img).CombinedOutput(); err != nil {
+		return fmt.Errorf("node %s: mkfs.ext4 %s: %w: %s", n.Name, img, err, strings.TrimSpace(string(out)))
+	}
+	if out, err := exec.Command("mount", "-o", "loop", img, filepath.Join(n.StateDir, "pools")).CombinedOutput(); err != nil {
+		return fmt.Errorf("node %s: mount %s: %w: %s", n.Name, img, err, strings.TrimSpace(string(out)))
+	}
+	return nil
 }
 
 // cable connects n's network namespace to the nodes' bridge.
