@@ -2,9 +2,11 @@ package multinode
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +15,8 @@ import (
 	storagev1 "k8s.io/api/storage/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 
 	"github.com/loopvol/loopvol/internal/harness/cluster"
 	"github.com/loopvol/loopvol/pkg/volspec"
@@ -27,6 +31,8 @@ func TestDistributed(t *testing.T) {
 	t.Run("MadeWhereScheduled", func(t *testing.T) { testMadeWhereScheduled(t, c) })
 	t.Run("ScheduledByCapacity", func(t *testing.T) { testScheduledByCapacity(t, c) })
 	t.Run("DrainLocal", func(t *testing.T) { testDrainLocal(t, c) })
+	// Last: it restarts the node plugins.
+	t.Run("VolumeLimit", func(t *testing.T) { testVolumeLimit(t, c) })
 }
 
 // capacities are the CSIStorageCapacity objects of the class loopvol, by
@@ -166,12 +172,7 @@ func testScheduledByCapacity(t *testing.T, c *cluster.Cluster) {
 		t.Fatal(err)
 	}
 	next := cluster.VolumePod(ns, "next", "next", "busybox sleep 1000000 & wait")
-	next.Spec.Affinity = &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{
-		PreferredDuringSchedulingIgnoredDuringExecution: []corev1.PreferredSchedulingTerm{{
-			Weight:     100,
-			Preference: corev1.NodeSelectorTerm{MatchExpressions: []corev1.NodeSelectorRequirement{{Key: corev1.LabelHostname, Operator: corev1.NodeSelectorOpIn, Values: []string{a.Name}}}},
-		}},
-	}}
+	next.Spec.Affinity = preferNode(a.Name)
 	if _, err := c.Client.CoreV1().Pods(ns).Create(ctx, next, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -218,4 +219,85 @@ func eventOf(ctx context.Context, t *testing.T, c *cluster.Cluster, ns, name, re
 		t.Fatal(err)
 	}
 	return msg
+}
+
+// testVolumeLimit runs last, and leaves the node plugins restarted with
+// --max-volumes-per-node=1. With node-1 at its one volume, a Pod that
+// prefers node-1 is scheduled to node-2 (the scheduler's NodeVolumeLimits,
+// from each CSINode's allocatable count that kubelet wrote).
+func testVolumeLimit(t *testing.T, c *cluster.Cluster) {
+	ctx := context.Background()
+	apps := c.Client.AppsV1().DaemonSets(cluster.Namespace)
+	ds, err := apps.Get(ctx, "loopvol-node", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	idx := slices.IndexFunc(ds.Spec.Template.Spec.Containers, func(c corev1.Container) bool { return c.Name == "driver" })
+	if idx < 0 {
+		t.Fatal("DaemonSet loopvol-node has no container driver")
+	}
+	args := ds.Spec.Template.Spec.Containers[idx].Args
+	setArgs := func(ctx context.Context, args []string, want int32) error {
+		patch, _ := json.Marshal([]map[string]any{{"op": "replace", "path": fmt.Sprintf("/spec/template/spec/containers/%d/args", idx), "value": args}})
+		if _, err := apps.Patch(ctx, "loopvol-node", types.JSONPatchType, patch, metav1.PatchOptions{}); err != nil {
+			return err
+		}
+		return c.Wait(ctx, fmt.Sprintf("node plugins rolled out, every CSINode allocatable %d", want), 4*time.Minute, func(ctx context.Context) (bool, error) {
+			ds, err := apps.Get(ctx, "loopvol-node", metav1.GetOptions{})
+			if err != nil {
+				return false, err
+			}
+			s := ds.Status
+			if s.ObservedGeneration != ds.Generation || s.UpdatedNumberScheduled != s.DesiredNumberScheduled || s.NumberReady != s.DesiredNumberScheduled || s.NumberAvailable != s.DesiredNumberScheduled {
+				return false, nil
+			}
+			for _, n := range c.Nodes() {
+				cn, err := c.Client.StorageV1().CSINodes().Get(ctx, n.Name, metav1.GetOptions{})
+				if err != nil {
+					return false, err
+				}
+				i := slices.IndexFunc(cn.Spec.Drivers, func(d storagev1.CSINodeDriver) bool { return d.Name == cluster.DriverName })
+				if i < 0 || cn.Spec.Drivers[i].Allocatable == nil || ptr.Deref(cn.Spec.Drivers[i].Allocatable.Count, 0) != want {
+					return false, nil
+				}
+			}
+			return true, nil
+		})
+	}
+	// Not restored: the cluster goes after this test.
+	if err := setArgs(ctx, append(slices.Clone(args), "--max-volumes-per-node=1"), 1); err != nil {
+		t.Fatal(err)
+	}
+	ns := namespace(t, c, "volume-limit")
+	nodes := c.Nodes()
+	a, b := nodes[0], nodes[1]
+	if _, err := c.Client.CoreV1().PersistentVolumeClaims(ns).Create(ctx, cluster.Claim(ns, "first", "loopvol", "16Mi"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Client.CoreV1().Pods(ns).Create(ctx, onNode(cluster.VolumePod(ns, "first", "first", "busybox sleep 1000000 & wait"), a.Name), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	running(ctx, t, c, ns, "first")
+	if _, err := c.Client.CoreV1().PersistentVolumeClaims(ns).Create(ctx, cluster.Claim(ns, "next", "loopvol", "16Mi"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	next := cluster.VolumePod(ns, "next", "next", "busybox sleep 1000000 & wait")
+	next.Spec.Affinity = preferNode(a.Name)
+	if _, err := c.Client.CoreV1().Pods(ns).Create(ctx, next, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if pod := running(ctx, t, c, ns, "next"); pod.Spec.NodeName != b.Name {
+		t.Fatalf("pod next (prefers %s, at its one volume) runs on %s, want %s", a.Name, pod.Spec.NodeName, b.Name)
+	}
+	t.Logf("node %s at --max-volumes-per-node=1: pod next (prefers %s) runs on %s", a.Name, a.Name, b.Name)
+}
+
+// preferNode is an affinity that prefers the node name.
+func preferNode(name string) *corev1.Affinity {
+	return &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{
+		PreferredDuringSchedulingIgnoredDuringExecution: []corev1.PreferredSchedulingTerm{{
+			Weight:     100,
+			Preference: corev1.NodeSelectorTerm{MatchExpressions: []corev1.NodeSelectorRequirement{{Key: corev1.LabelHostname, Operator: corev1.NodeSelectorOpIn, Values: []string{name}}}},
+		}},
+	}}
 }

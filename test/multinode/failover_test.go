@@ -289,4 +289,3 @@ func immediateClass(ctx context.Context, t *testing.T, c *cluster.Cluster) strin
 	})
 	return class.Name
 }
-
