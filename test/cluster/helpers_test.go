@@ -2,7 +2,6 @@ package cluster
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"path/filepath"
 	"sort"
@@ -15,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/loopvol/loopvol/internal/harness/cluster"
+	"github.com/loopvol/loopvol/internal/harness/cluster/clustertest"
 )
 
 // blockPod is VolumePod with the claim as the raw device /dev/xvda instead
@@ -64,17 +64,10 @@ func finished(ctx context.Context, t *testing.T, c *cluster.Cluster, ns, name st
 }
 
 // logLine waits until the pod's main container has written a line
-// containing want and returns the whole log.
+// containing want and returns the whole log (clustertest.LogLine).
 func logLine(ctx context.Context, t *testing.T, c *cluster.Cluster, pod *corev1.Pod, want string) string {
 	t.Helper()
-	var log string
-	if err := c.Wait(ctx, fmt.Sprintf("%s/%s logs %q", pod.Namespace, pod.Name, want), 2*time.Minute, func(context.Context) (bool, error) {
-		log, _ = c.ContainerLog(pod, "main")
-		return strings.Contains(log, want), nil
-	}); err != nil {
-		t.Fatalf("%v; log so far: %q", err, log)
-	}
-	return log
+	return clustertest.LogLine(ctx, t, c, pod, want)
 }
 
 // field returns the word after prefix in log's last line that has it.

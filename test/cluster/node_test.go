@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -22,6 +23,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/loopvol/loopvol/internal/harness/cluster"
+	"github.com/loopvol/loopvol/internal/harness/cluster/clustertest"
 )
 
 // checkLoop writes data and its checksum once, then every second
@@ -54,21 +56,9 @@ func podReady(p *corev1.Pod) bool {
 }
 
 // csiNodeCount is the allocatable count kubelet wrote for loopvol into the
-// node's CSINode (-1: none, or the driver not listed).
+// node's CSINode, or -1 when there is none.
 func csiNodeCount(ctx context.Context, c *cluster.Cluster) (int32, error) {
-	n, err := c.Client.StorageV1().CSINodes().Get(ctx, c.NodeName, metav1.GetOptions{})
-	if err != nil {
-		return -1, err
-	}
-	for _, d := range n.Spec.Drivers {
-		if d.Name == cluster.DriverName {
-			if d.Allocatable == nil || d.Allocatable.Count == nil {
-				return -1, nil
-			}
-			return *d.Allocatable.Count, nil
-		}
-	}
-	return -1, nil
+	return clustertest.CSINodeCount(ctx, c, c.NodeName)
 }
 
 // testNodePluginRestart: the node plugin pod deleted while a Pod uses its
@@ -280,50 +270,21 @@ func testRBAC(t *testing.T, c *cluster.Cluster) {
 // deleted the fourth runs. The DaemonSet is restored afterwards.
 func testNodeLimit(t *testing.T, c *cluster.Cluster) {
 	ctx := context.Background()
-	apps := c.Client.AppsV1().DaemonSets(cluster.Namespace)
-	ds, err := apps.Get(ctx, "loopvol-node", metav1.GetOptions{})
+	args, err := clustertest.DriverArgs(ctx, c)
 	if err != nil {
 		t.Fatal(err)
 	}
-	idx := -1
-	for i, ctr := range ds.Spec.Template.Spec.Containers {
-		if ctr.Name == "driver" {
-			idx = i
-		}
-	}
-	if idx < 0 {
-		t.Fatal("DaemonSet loopvol-node has no container driver")
-	}
-	args := ds.Spec.Template.Spec.Containers[idx].Args
 	origCount, err := csiNodeCount(ctx, c)
 	if err != nil {
 		t.Fatal(err)
 	}
-	setArgs := func(ctx context.Context, args []string, count int32) error {
-		patch, _ := json.Marshal([]map[string]any{{"op": "replace", "path": fmt.Sprintf("/spec/template/spec/containers/%d/args", idx), "value": args}})
-		if _, err := apps.Patch(ctx, "loopvol-node", types.JSONPatchType, patch, metav1.PatchOptions{}); err != nil {
-			return err
-		}
-		return c.Wait(ctx, fmt.Sprintf("node plugin rolled out, CSINode allocatable %d", count), 3*time.Minute, func(ctx context.Context) (bool, error) {
-			ds, err := apps.Get(ctx, "loopvol-node", metav1.GetOptions{})
-			if err != nil {
-				return false, err
-			}
-			s := ds.Status
-			if s.ObservedGeneration != ds.Generation || s.UpdatedNumberScheduled != s.DesiredNumberScheduled || s.NumberReady != s.DesiredNumberScheduled || s.NumberAvailable != s.DesiredNumberScheduled {
-				return false, nil
-			}
-			n, err := csiNodeCount(ctx, c)
-			return n == count, err
-		})
-	}
-	limited := append(append([]string(nil), args...), "--max-volumes-per-node=3")
+	limited := append(slices.Clone(args), "--max-volumes-per-node=3")
 	t.Cleanup(func() {
-		if err := setArgs(context.Background(), args, origCount); err != nil {
+		if err := clustertest.SetDriverArgs(context.Background(), c, args, origCount); err != nil {
 			t.Errorf("restoring the node plugin: %v", err)
 		}
 	})
-	if err := setArgs(ctx, limited, 3); err != nil {
+	if err := clustertest.SetDriverArgs(ctx, c, limited, 3); err != nil {
 		t.Fatal(err)
 	}
 

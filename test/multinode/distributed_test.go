@@ -2,7 +2,6 @@ package multinode
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -15,10 +14,9 @@ import (
 	storagev1 "k8s.io/api/storage/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/utils/ptr"
 
 	"github.com/loopvol/loopvol/internal/harness/cluster"
+	"github.com/loopvol/loopvol/internal/harness/cluster/clustertest"
 	"github.com/loopvol/loopvol/pkg/volspec"
 )
 
@@ -227,45 +225,12 @@ func eventOf(ctx context.Context, t *testing.T, c *cluster.Cluster, ns, name, re
 // from each CSINode's allocatable count that kubelet wrote).
 func testVolumeLimit(t *testing.T, c *cluster.Cluster) {
 	ctx := context.Background()
-	apps := c.Client.AppsV1().DaemonSets(cluster.Namespace)
-	ds, err := apps.Get(ctx, "loopvol-node", metav1.GetOptions{})
+	args, err := clustertest.DriverArgs(ctx, c)
 	if err != nil {
 		t.Fatal(err)
 	}
-	idx := slices.IndexFunc(ds.Spec.Template.Spec.Containers, func(c corev1.Container) bool { return c.Name == "driver" })
-	if idx < 0 {
-		t.Fatal("DaemonSet loopvol-node has no container driver")
-	}
-	args := ds.Spec.Template.Spec.Containers[idx].Args
-	setArgs := func(ctx context.Context, args []string, want int32) error {
-		patch, _ := json.Marshal([]map[string]any{{"op": "replace", "path": fmt.Sprintf("/spec/template/spec/containers/%d/args", idx), "value": args}})
-		if _, err := apps.Patch(ctx, "loopvol-node", types.JSONPatchType, patch, metav1.PatchOptions{}); err != nil {
-			return err
-		}
-		return c.Wait(ctx, fmt.Sprintf("node plugins rolled out, every CSINode allocatable %d", want), 4*time.Minute, func(ctx context.Context) (bool, error) {
-			ds, err := apps.Get(ctx, "loopvol-node", metav1.GetOptions{})
-			if err != nil {
-				return false, err
-			}
-			s := ds.Status
-			if s.ObservedGeneration != ds.Generation || s.UpdatedNumberScheduled != s.DesiredNumberScheduled || s.NumberReady != s.DesiredNumberScheduled || s.NumberAvailable != s.DesiredNumberScheduled {
-				return false, nil
-			}
-			for _, n := range c.Nodes() {
-				cn, err := c.Client.StorageV1().CSINodes().Get(ctx, n.Name, metav1.GetOptions{})
-				if err != nil {
-					return false, err
-				}
-				i := slices.IndexFunc(cn.Spec.Drivers, func(d storagev1.CSINodeDriver) bool { return d.Name == cluster.DriverName })
-				if i < 0 || cn.Spec.Drivers[i].Allocatable == nil || ptr.Deref(cn.Spec.Drivers[i].Allocatable.Count, 0) != want {
-					return false, nil
-				}
-			}
-			return true, nil
-		})
-	}
 	// Not restored: the cluster goes after this test.
-	if err := setArgs(ctx, append(slices.Clone(args), "--max-volumes-per-node=1"), 1); err != nil {
+	if err := clustertest.SetDriverArgs(ctx, c, append(slices.Clone(args), "--max-volumes-per-node=1"), 1); err != nil {
 		t.Fatal(err)
 	}
 	ns := namespace(t, c, "volume-limit")

@@ -2,10 +2,8 @@ package multinode
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -137,17 +135,10 @@ func running(ctx context.Context, t *testing.T, c *cluster.Cluster, ns, name str
 }
 
 // logLine waits until the pod's main container has written a line
-// containing want and returns the whole log.
+// containing want and returns the whole log (clustertest.LogLine).
 func logLine(ctx context.Context, t *testing.T, c *cluster.Cluster, pod *corev1.Pod, want string) string {
 	t.Helper()
-	var log string
-	if err := c.Wait(ctx, fmt.Sprintf("%s/%s logs %q", pod.Namespace, pod.Name, want), 2*time.Minute, func(context.Context) (bool, error) {
-		log, _ = c.ContainerLog(pod, "main")
-		return strings.Contains(log, want), nil
-	}); err != nil {
-		t.Fatalf("%v; log so far: %q", err, log)
-	}
-	return log
+	return clustertest.LogLine(ctx, t, c, pod, want)
 }
 
 // kubectl runs kubectl and fails the test on an error.
