@@ -21,7 +21,8 @@ import (
 	"github.com/loopvol/loopvol/internal/harness/proc"
 )
 
-// Cluster is a running one-node cluster.
+// Cluster is a running cluster: one node, or a cluster of nodes
+// (Config.Nodes).
 type Cluster struct {
 	cfg Config
 
@@ -33,7 +34,7 @@ type Cluster struct {
 	Rest *rest.Config
 	// Client is a cluster-admin client.
 	Client kubernetes.Interface
-	// NodeName is the one Node's name.
+	// NodeName is the first Node's name (Nodes lists them all).
 	NodeName string
 	// KubeletDir is kubelet's root directory (<Dir>/kubelet).
 	KubeletDir string
@@ -243,8 +244,9 @@ func (c *Cluster) up(ctx context.Context) error {
 	}
 	c.say("cluster: kube-apiserver up in %s (%s)", since(step), c.Server)
 
-	// The nodes, then the controllers: a Node that kubelet registers
-	// before the controller-manager runs is no different to it.
+	// Each node's namespaces and containerd (with the images), the
+	// controllers, then each node's kubelet: the order one node always
+	// had.
 	step = time.Now()
 	if c.multi() {
 		if err := c.nodeBridgeUp(); err != nil {

@@ -1,5 +1,8 @@
-// Package cluster brings up a real one-node Kubernetes cluster on this
-// machine, on loopback only, with every piece of state under one directory:
+// Package cluster brings up a real Kubernetes cluster on this machine, of
+// one node or (Config.Nodes) of several, each node then in network, mount
+// and UTS namespaces of its own (node.go, nodens.go; docs/cluster.md "A
+// cluster of nodes"), reachable from nowhere else, with every piece of
+// state under one directory:
 // etcd, kube-apiserver (RBAC and Node authorization, NodeRestriction,
 // ServiceAccount token signing), kube-controller-manager (its attach/detach
 // controller makes the VolumeAttachments), kube-scheduler, containerd with
