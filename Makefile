@@ -177,14 +177,19 @@ DEMO_TOOLS := etcd kube-apiserver kube-controller-manager kube-scheduler kubelet
 	containerd containerd-shim-runc-v2 ctr runc csi-provisioner pause
 DEMO_IMAGES := loopvol-node,loopvol-controller,csi-provisioner,pause,busybox
 
-demo: static ##@ A real one-node cluster, loopvol deployed with kubectl apply -k, a PVC taken to a Pod and back (root). KEEP=1 keeps it up until Ctrl-C.
+# make demo NODES=2 OVERLAY=shared: the demo's cluster and overlay
+# (hack/demo -nodes, -overlay).
+NODES ?= 1
+OVERLAY ?= local
+
+demo: static ##@ A real cluster (NODES=1..8, default 1), loopvol deployed with kubectl apply -k (OVERLAY=local|shared|distributed), a PVC taken to a Pod and back (root). KEEP=1 keeps it up until Ctrl-C.
 	@echo "### demo"
 	@hack/tools/build.sh $(BIN) $(DEMO_TOOLS)
 	$(GO) -C hack/images build -o $(BIN)/images .
 	$(BIN)/images -bin $(STATIC) -tools $(BIN) -out $(IMAGES_OUT) -cache $(IMAGES_CACHE) -repo $(IMAGE_REPO) \
 		-tag $(IMAGE_TAG) -tag dev -created $(IMAGES_CREATED) -images $(DEMO_IMAGES)
 	$(GO) build -o $(BIN)/demo ./hack/demo
-	$(BIN)/demo -repo $(CURDIR) -dir $(CLUSTER_DIR) -bin $(BIN) -images $(IMAGES_OUT) $(if $(KEEP),-keep)
+	$(BIN)/demo -repo $(CURDIR) -dir $(CLUSTER_DIR) -bin $(BIN) -images $(IMAGES_OUT) -nodes $(NODES) -overlay $(OVERLAY) $(if $(KEEP),-keep)
 
 # The upstream Kubernetes storage e2e suite (docs/e2e-k8s.md): e2e.test
 # v1.37.2, external-snapshotter v8.7.0 and the suite's test images on the
