@@ -118,6 +118,12 @@ func testMove(t *testing.T, c *cluster.Cluster) {
 	ctx := context.Background()
 	ns := namespace(t, c, "move")
 	pod, pv := startMover(ctx, t, c, ns)
+	// The scenarios after this one need both nodes, even when it fails.
+	t.Cleanup(func() {
+		for _, n := range c.Nodes() {
+			_, _ = c.Kubectl(context.Background(), "uncordon", n.Name)
+		}
+	})
 	var detach, attach, start, total []time.Duration
 	for i := range 5 {
 		from := pod.Spec.NodeName
@@ -166,9 +172,6 @@ func testMove(t *testing.T, c *cluster.Cluster) {
 		detach, attach, start, total = append(detach, tDetach), append(attach, tAttach-tDetach), append(start, tRun-tAttach), append(total, tRun)
 		t.Logf("move %d, %s → %s: detached after %s, attached %s later, Running %s later: %s in all",
 			i+1, from, to, tDetach.Round(time.Millisecond), (tAttach - tDetach).Round(time.Millisecond), (tRun - tAttach).Round(time.Millisecond), tRun.Round(time.Millisecond))
-	}
-	for _, n := range c.Nodes() {
-		kubectl(ctx, t, c, "uncordon", n.Name)
 	}
 	t.Logf("a Pod's move between nodes, median of %d: %s in all (detach %s, attach %s, stage + publish + container start %s)",
 		len(total), median(total), median(detach), median(attach), median(start))
