@@ -22,7 +22,7 @@ var errKubeletStopped = errors.New("kubelet is stopped")
 // containerd. The storage e2e suite's disruptive specs stop kubelet, change
 // pods while it is down, and start it again (test/e2e-k8s). Stopping a
 // stopped kubelet does nothing.
-func (c *Cluster) StopKubelet() { c.stopKubelet(c.nodes[0]) }
+func (c *Cluster) StopKubelet() { c.stopKubelet(c.firstNode()) }
 
 func (c *Cluster) stopKubelet(n *node) {
 	c.mu.Lock()
@@ -43,7 +43,7 @@ func (c *Cluster) stopKubelet(n *node) {
 // gave it, after StopKubelet; a running kubelet is left alone. It does not
 // wait for the node to be Ready: the caller waits for what it needs (the
 // suite waits for a heartbeat of the new kubelet).
-func (c *Cluster) StartKubelet() error { return c.startKubelet(c.nodes[0]) }
+func (c *Cluster) StartKubelet() error { return c.startKubelet(c.firstNode()) }
 
 func (c *Cluster) startKubelet(n *node) error {
 	if c.kubeletRunning(n) {
@@ -72,7 +72,17 @@ func (c *Cluster) runKubelet(n *node) error {
 }
 
 // KubeletRunning tells whether the first node's kubelet runs.
-func (c *Cluster) KubeletRunning() bool { return c.kubeletRunning(c.nodes[0]) }
+func (c *Cluster) KubeletRunning() bool { return c.kubeletRunning(c.firstNode()) }
+
+// firstNode is the first node, or a node that never ran on a Cluster that
+// Up did not make (a test's zero Cluster): its kubelet is stopped, and
+// cannot be started.
+func (c *Cluster) firstNode() *node {
+	if len(c.nodes) == 0 {
+		return &node{}
+	}
+	return c.nodes[0]
+}
 
 func (c *Cluster) kubeletRunning(n *node) bool {
 	c.mu.Lock()

@@ -60,7 +60,7 @@ func VolumePod(namespace, name, claim, script string) *corev1.Pod {
 // ContainerLog returns what a container of pod wrote (its first run), read
 // from the podLogsDir of the pod's node's kubelet.
 func (c *Cluster) ContainerLog(pod *corev1.Pod, container string) (string, error) {
-	logs := c.nodes[0].PodLogDir
+	logs := c.firstNode().PodLogDir
 	if n := c.node(pod.Spec.NodeName); n != nil {
 		logs = n.PodLogDir
 	}
@@ -71,7 +71,7 @@ func (c *Cluster) ContainerLog(pod *corev1.Pod, container string) (string, error
 
 // PodLogDir is where the first node's kubelet keeps the containers' logs
 // (Node.PodLogDir: each node's).
-func (c *Cluster) PodLogDir() string { return c.nodes[0].PodLogDir }
+func (c *Cluster) PodLogDir() string { return c.firstNode().PodLogDir }
 
 // Wait calls done every 100 ms until it reports true, returns an error, the
 // timeout passes or a daemon of the cluster exits.
