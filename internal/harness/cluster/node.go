@@ -171,8 +171,7 @@ func (c *Cluster) upContainerd(n *node) error {
 	if err := os.WriteFile(conf, []byte(c.containerdConfig(n)), 0o644); err != nil {
 		return err
 	}
-	// The shim is found on PATH.
-	path := "PATH=" + c.cfg.BinDir + ":" + os.Getenv("PATH")
+	path := c.pathEnv()
 	var err error
 	if n.containerd, err = c.startOn(n, "containerd", []string{path}, "--config="+conf, "--log-level=warn"); err != nil {
 		return err
@@ -194,7 +193,7 @@ func (c *Cluster) upContainerd(n *node) error {
 
 // upKubelet starts kubelet on n; it does not wait for the Node to be Ready.
 func (c *Cluster) upKubelet(n *node) error {
-	path := "PATH=" + c.cfg.BinDir + ":" + os.Getenv("PATH")
+	path := c.pathEnv()
 
 	if n.cgroupRoot != "" {
 		if err := makeCgroupRoot(n.cgroupRoot); err != nil {
@@ -221,6 +220,10 @@ func (c *Cluster) upKubelet(n *node) error {
 	n.kubeletArgs, n.kubeletEnv = args, []string{path}
 	return c.runKubelet(n)
 }
+
+// pathEnv is containerd's and kubelet's PATH: BinDir first, where
+// containerd finds its shim.
+func (c *Cluster) pathEnv() string { return "PATH=" + c.cfg.BinDir + ":" + os.Getenv("PATH") }
 
 // nodeKubeconfig writes the kubeconfig of a node's daemon (kubelet,
 // kube-proxy): with the certificate of that node's kubelet, or the

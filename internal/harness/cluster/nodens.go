@@ -27,13 +27,12 @@ const nodeBridge = "lvnodes0"
 // set the mount namespace up.
 type nodeNS struct {
 	cmd *exec.Cmd
-	pid int
 }
 
 // enter is the nsenter command line that runs bin in the node's
 // namespaces.
 func (ns *nodeNS) enter(bin string) []string {
-	return []string{"--target=" + strconv.Itoa(ns.pid), "--net", "--mount", "--uts", "--", bin}
+	return []string{"--target=" + strconv.Itoa(ns.cmd.Process.Pid), "--net", "--mount", "--uts", "--", bin}
 }
 
 // nodeNSScript sets a node's mount namespace up: a slave of this machine's
@@ -107,7 +106,7 @@ func (c *Cluster) startNodeNS(n *node) error {
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("node %s: namespaces (root, util-linux): %w", n.Name, err)
 	}
-	n.ns = &nodeNS{cmd: cmd, pid: cmd.Process.Pid}
+	n.ns = &nodeNS{cmd: cmd}
 	n.PID = cmd.Process.Pid
 	n.NetNS = fmt.Sprintf("/proc/%d/ns/net", n.PID)
 	n.MountNS = fmt.Sprintf("/proc/%d/ns/mnt", n.PID)
