@@ -223,6 +223,42 @@ func TestWatchdogAfterCrash(t *testing.T) {
 	}
 }
 
+// TestWatchdogExitAtOnce is the race TestWatchdogAfterCrash once lost on a
+// loaded CI machine: the test binary dies the moment the watchdog is started,
+// before a slow shell could have set its trap. startWatchdog must not return
+// before the watchdog is able to clean up.
+func TestWatchdogExitAtOnce(t *testing.T) {
+	if dir := os.Getenv("TESTENV_EXIT_CHILD_DIR"); dir != "" {
+		if startWatchdog(nil, []string{dir}) == nil {
+			os.Exit(3)
+		}
+		os.Exit(7)
+	}
+	parent := t.TempDir()
+	for round := range 20 {
+		dir := filepath.Join(parent, strconv.Itoa(round))
+		if err := os.Mkdir(dir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		cmd := exec.Command(os.Args[0], "-test.run=^TestWatchdogExitAtOnce$")
+		cmd.Env = append(os.Environ(), "TESTENV_EXIT_CHILD_DIR="+dir)
+		out, err := cmd.CombinedOutput()
+		if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 7 {
+			t.Fatalf("round %d: child: %v\n%s", round, err, out)
+		}
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			if _, err := os.Stat(dir); os.IsNotExist(err) {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("round %d: 20s after the test binary died, %s is still there", round, dir)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+}
+
 // alive reports whether pid exists and is not a zombie waiting for a reaper.
 func alive(pid int) bool {
 	stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")

@@ -1,7 +1,9 @@
 package testenv
 
 import (
+	"bufio"
 	"bytes"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -29,6 +31,10 @@ type watchdog struct {
 // It waits for SIGTERM (sent by the kernel when the test binary dies), then
 // kills each process group, waits briefly for the processes to go and
 // removes the directories. Stop kills it with SIGKILL, which it cannot trap.
+// It says "ready" once its trap is set: a SIGTERM before that would end the
+// shell without cleaning up (a test binary that dies at once after Launch,
+// on a loaded CI machine where the shell had not yet read its script), so
+// startWatchdog returns only after that line.
 const watchdogScript = `
 n=$1; shift
 cleanup() {
@@ -56,6 +62,8 @@ cleanup() {
 	exit 0
 }
 trap 'cleanup "$@"' TERM HUP INT
+echo ready
+exec >/dev/null
 sleep 2147483647 &
 sleeper=$!
 wait "$sleeper"
@@ -90,8 +98,20 @@ func startWatchdog(exes, dirs []string) *watchdog {
 		defer runtime.UnlockOSThread()
 		cmd := exec.Command("/bin/sh", args...)
 		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			started <- err
+			return
+		}
 		if err := cmd.Start(); err != nil {
 			started <- err
+			return
+		}
+		line, err := bufio.NewReader(out).ReadString('\n')
+		if err != nil || line != "ready\n" {
+			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+			_ = cmd.Wait()
+			started <- fmt.Errorf("watchdog did not start: %q, %v", line, err)
 			return
 		}
 		w.cmd = cmd
