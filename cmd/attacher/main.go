@@ -42,9 +42,10 @@ const (
 	controllerRegistrar = "registrar"
 	controllerResizer   = "resizer"
 	controllerWebhook   = "webhook"
+	controllerPlacement = "placement"
 )
 
-var knownControllers = []string{controllerAttach, controllerCapacity, controllerRegistrar, controllerResizer, controllerWebhook}
+var knownControllers = []string{controllerAttach, controllerCapacity, controllerRegistrar, controllerResizer, controllerWebhook, controllerPlacement}
 
 // config holds every flag.
 type config struct {
@@ -188,7 +189,8 @@ func newFlagSet(cfg *config, getenv func(string) string) (*flag.FlagSet, *string
 	fs.StringVar(&cfg.csiAddress, "csi-address", "/run/csi/socket", "Address of the CSI driver socket (a path or unix:// URL). The sidecar waits for it to appear, and waits again if it goes away, instead of exiting.")
 	fs.StringVar(&cfg.kubeconfig, "kubeconfig", "", "Path to a kubeconfig file. Needed only outside a cluster; empty means the in-cluster service account.")
 	fs.StringVar(&controllers, "controllers", controllers, "Comma-separated controllers to run: "+strings.Join(knownControllers, ", ")+
-		". attach replaces external-attacher, capacity the CSIStorageCapacity controller of external-provisioner, registrar node-driver-registrar, resizer external-resizer, webhook the validating admission webhook (docs/webhook.md). "+
+		". attach replaces external-attacher, capacity the CSIStorageCapacity controller of external-provisioner, registrar node-driver-registrar, resizer external-resizer, webhook the validating admission webhook (docs/webhook.md), "+
+		"placement an Event on each Pod the scheduler cannot place because the nodes its volumes live on take no Pods (which node and pool, and why: docs/deploy.md). "+
 		"Default attach, or registrar when --kubelet-registration-path is given (a node-driver-registrar manifest).")
 	fs.UintVar(&cfg.workerThreads, "worker-threads", 32,
 		"Workers of the attach queue and, separately, of the detach queue, so a burst of detaches never starves attaches (the PersistentVolume queue gets a quarter); also the resizer's workers. "+

@@ -188,6 +188,7 @@ func buildControllers(d *deps) ([]runner, error) {
 		controllerRegistrar: buildRegistrar,
 		controllerResizer:   buildResizer,
 		controllerWebhook:   buildWebhook,
+		controllerPlacement: buildPlacement,
 	}
 	var out []runner
 	for _, name := range d.cfg.controllers {

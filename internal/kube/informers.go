@@ -282,3 +282,24 @@ func (f *Informers) stripPV(obj any) (any, error) {
 	f.mu.Unlock()
 	return StripPV(obj, fields)
 }
+
+// UnscheduledPods is the informer over the Pods of every namespace that no
+// node was chosen for yet (spec.nodeName empty: a field selector the API
+// server serves from its index), each keeping only what explains why it
+// waits (volumes, tolerations, its PodScheduled condition). On a healthy
+// cluster it holds a handful of Pods at most, whatever the cluster's size.
+func (f *Informers) UnscheduledPods() cache.SharedIndexInformer {
+	core := f.client.CoreV1()
+	const unscheduled = "spec.nodeName="
+	return f.get("pods/unscheduled", func() cache.SharedIndexInformer {
+		return f.newInformer(&corev1.Pod{}, stripUnscheduledPod,
+			func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+				o.FieldSelector = unscheduled
+				return core.Pods(metav1.NamespaceAll).List(ctx, o)
+			},
+			func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+				o.FieldSelector = unscheduled
+				return core.Pods(metav1.NamespaceAll).Watch(ctx, o)
+			})
+	})
+}

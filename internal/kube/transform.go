@@ -73,3 +73,20 @@ func stripNode(obj any) (any, error) {
 	}
 	return StripForCache(obj)
 }
+
+// stripUnscheduledPod keeps of a Pod its metadata (no annotations), its
+// volumes, tolerations and node name, and its PodScheduled condition.
+func stripUnscheduledPod(obj any) (any, error) {
+	if p, ok := obj.(*corev1.Pod); ok {
+		p.Annotations = nil
+		p.Spec = corev1.PodSpec{Volumes: p.Spec.Volumes, Tolerations: p.Spec.Tolerations, NodeName: p.Spec.NodeName}
+		var conds []corev1.PodCondition
+		for _, c := range p.Status.Conditions {
+			if c.Type == corev1.PodScheduled {
+				conds = append(conds, c)
+			}
+		}
+		p.Status = corev1.PodStatus{Phase: p.Status.Phase, Conditions: conds}
+	}
+	return StripForCache(obj)
+}

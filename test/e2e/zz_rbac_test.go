@@ -92,6 +92,24 @@ var fromCode = map[string][]apiCall{
 		// CA changes.
 		{verb: "patch", group: "admissionregistration.k8s.io", resource: "validatingwebhookconfigurations", name: "loopvol-webhook"},
 	},
+	// The placement controller runs on the real cluster only
+	// (test/multinode): each of its calls is read from the code.
+	"rbac-placement.yaml": {
+		{verb: "list", resource: "pods"},
+		{verb: "watch", resource: "pods"},
+		{verb: "list", resource: "persistentvolumeclaims"},
+		{verb: "watch", resource: "persistentvolumeclaims"},
+		{verb: "list", resource: "persistentvolumes"},
+		{verb: "watch", resource: "persistentvolumes"},
+		{verb: "get", resource: "nodes"},
+		{verb: "list", resource: "nodes"},
+		{verb: "watch", resource: "nodes"},
+		{verb: "create", resource: "events", namespaced: true},
+		{verb: "patch", resource: "events", namespaced: true},
+		{verb: "get", group: "coordination.k8s.io", resource: "leases", namespaced: true},
+		{verb: "create", group: "coordination.k8s.io", resource: "leases", namespaced: true},
+		{verb: "update", group: "coordination.k8s.io", resource: "leases", namespaced: true},
+	},
 	"rbac-resizer.yaml": {
 		{verb: "get", resource: "secrets", namespaced: true},
 		{verb: "patch", resource: "persistentvolumeclaims", subresource: "status", namespaced: true},

@@ -2,6 +2,7 @@ package multinode
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/loopvol/loopvol/internal/harness/cluster"
+	"github.com/loopvol/loopvol/pkg/placement"
 )
 
 // drain runs `kubectl drain` of node, as an operator would before
@@ -71,6 +73,11 @@ func testDrainLocal(t *testing.T, c *cluster.Cluster) {
 	drain(ctx, t, c, from)
 	again := appPod(ctx, t, c, ns, pod)
 	msg := eventOf(ctx, t, c, ns, again.Name, "FailedScheduling", "didn't match PersistentVolume's node affinity")
+	// The scheduler's reason names neither the node nor the pool; the
+	// sidecar's placement controller (of the drained node: each speaks of
+	// its own volumes) does.
+	told := eventOf(ctx, t, c, ns, again.Name, placement.ReasonVolumeNodeUnavailable,
+		fmt.Sprintf("volume %s of claim %s (pool default, zone %s) can be used only on node %s (cordoned", pv.Name, pv.Spec.ClaimRef.Name, from, from))
 	if p, err := c.Client.CoreV1().Pods(ns).Get(ctx, again.Name, metav1.GetOptions{}); err != nil || p.Status.Phase != corev1.PodPending || p.Spec.NodeName != "" {
 		t.Fatalf("app-0 after the drain: %v on %q, %v; want Pending, unscheduled", p.Status.Phase, p.Spec.NodeName, err)
 	}
@@ -83,7 +90,7 @@ func testDrainLocal(t *testing.T, c *cluster.Cluster) {
 	if _, err := os.Stat(nodeImage(n, pv)); err != nil {
 		t.Fatalf("the volume's image in %s's pool: %v", from, err)
 	}
-	t.Logf("drained %s: app-0 Pending (volume %s in zone %s): %s", from, pv.Name, zoneOf(pv), msg)
+	t.Logf("drained %s: app-0 Pending (volume %s in zone %s): %s; %s", from, pv.Name, zoneOf(pv), msg, told)
 	kubectl(ctx, t, c, "uncordon", from)
 	again = running(ctx, t, c, ns, again.Name)
 	if again.Spec.NodeName != from {
