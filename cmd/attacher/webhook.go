@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"net"
+	"time"
 
 	admissionregistrationv1 "k8s.io/client-go/kubernetes/typed/admissionregistration/v1"
 
@@ -16,6 +17,13 @@ type webhookConfig struct {
 	address       string
 	certDir       string
 	configuration string
+	// Bounds against slow, stalled and idle clients of the port.
+	readHeaderTimeout   time.Duration
+	readTimeout         time.Duration
+	idleTimeout         time.Duration
+	maxHeaderBytes      int
+	maxConnections      int
+	maxRequestsInFlight int
 }
 
 // addFlags declares the webhook's flags.
@@ -26,6 +34,22 @@ func (c *webhookConfig) addFlags(fs *flag.FlagSet) {
 			"The files are read again every second: a rotated certificate is served without a restart.")
 	fs.StringVar(&c.configuration, "webhook-configuration", "loopvol-webhook",
 		"webhook: name of the ValidatingWebhookConfiguration whose caBundle the webhook keeps equal to ca.crt (or, without it, tls.crt); that object only is read and patched. Empty: leave it alone.")
+	// The API server gives up on a review after the configuration's
+	// timeoutSeconds (3 and 5 s in the base): the bounds close what no
+	// API server still waits for (docs/webhook.md, Serving).
+	fs.DurationVar(&c.readHeaderTimeout, "webhook-read-header-timeout", webhook.DefaultReadHeaderTimeout,
+		"webhook: time a connection has for its TLS handshake and the headers of a request; then it is closed.")
+	fs.DurationVar(&c.readTimeout, "webhook-read-timeout", webhook.DefaultReadTimeout,
+		"webhook: time a connection has to send a whole request, headers and body; then it is closed and the memory of what it sent is freed.")
+	fs.DurationVar(&c.idleTimeout, "webhook-idle-timeout", webhook.DefaultIdleTimeout,
+		"webhook: time a kept-alive connection may wait for its next request; then it is closed. Keep it above the API server's 90 s, so that the API server closes its idle connections first.")
+	fs.IntVar(&c.maxHeaderBytes, "webhook-max-header-bytes", webhook.DefaultMaxHeaderBytes,
+		"webhook: largest request headers accepted, in bytes; larger gets 431.")
+	fs.IntVar(&c.maxConnections, "webhook-max-connections", webhook.DefaultMaxConnections,
+		"webhook: open connections at most; more wait to be accepted. The API server keeps up to 25 idle connections to the webhook: allow that many per API server, and more.")
+	fs.IntVar(&c.maxRequestsInFlight, "webhook-max-requests-inflight", webhook.DefaultMaxRequestsInFlight,
+		fmt.Sprintf("webhook: reviews read and judged at once; more wait for a turn until their read deadline, then get 503. "+
+			"Bodies in memory are at most this many times %d MiB.", webhook.MaxBodyBytes>>20))
 }
 
 // validate checks the webhook's flags; called only when it runs.
@@ -38,6 +62,22 @@ func (c *webhookConfig) validate(cfg *config) error {
 	}
 	if cfg.httpEndpoint != "" && cfg.httpEndpoint == c.address {
 		return fmt.Errorf("--webhook-address and --http-endpoint are both %s", c.address)
+	}
+	for _, d := range []struct {
+		flag string
+		v    time.Duration
+	}{{"--webhook-read-header-timeout", c.readHeaderTimeout}, {"--webhook-read-timeout", c.readTimeout}, {"--webhook-idle-timeout", c.idleTimeout}} {
+		if d.v <= 0 {
+			return fmt.Errorf("%s=%s: want a positive duration (an unbounded wait is what it bounds)", d.flag, d.v)
+		}
+	}
+	for _, n := range []struct {
+		flag string
+		v    int
+	}{{"--webhook-max-header-bytes", c.maxHeaderBytes}, {"--webhook-max-connections", c.maxConnections}, {"--webhook-max-requests-inflight", c.maxRequestsInFlight}} {
+		if n.v <= 0 {
+			return fmt.Errorf("%s=%d: want a positive number", n.flag, n.v)
+		}
 	}
 	return nil
 }
@@ -61,6 +101,13 @@ func buildWebhook(d *deps) (*runner, error) {
 		CertDir:    c.certDir,
 		ConfigName: c.configuration,
 		Registerer: d.registry,
+
+		ReadHeaderTimeout:   c.readHeaderTimeout,
+		ReadTimeout:         c.readTimeout,
+		IdleTimeout:         c.idleTimeout,
+		MaxHeaderBytes:      c.maxHeaderBytes,
+		MaxConnections:      c.maxConnections,
+		MaxRequestsInFlight: c.maxRequestsInFlight,
 	}
 	if c.configuration != "" {
 		adm, err := admissionregistrationv1.NewForConfig(d.rest)

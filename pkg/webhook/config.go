@@ -35,6 +35,48 @@ const DefaultCertCheckInterval = time.Second
 // it stays well below the webhook configuration's timeoutSeconds.
 const DefaultClassCheckTimeout = 2 * time.Second
 
+// Bounds of the HTTPS server against slow, stalled and idle clients (the
+// port answers anyone who can reach it, docs/security.md). The API server
+// gives up on a review after the configuration's timeoutSeconds (3 and 5 s
+// in the base, at most 30), so a request still being read after a few
+// seconds is no API server's, and holding it only holds its memory.
+const (
+	// DefaultReadHeaderTimeout bounds the TLS handshake and the request
+	// headers, a few hundred bytes from the API server.
+	DefaultReadHeaderTimeout = 5 * time.Second
+	// DefaultReadTimeout bounds the whole request, headers and body; a
+	// 7 MiB review takes milliseconds on a cluster network.
+	DefaultReadTimeout = 10 * time.Second
+	// DefaultIdleTimeout is how long a kept-alive connection may wait for
+	// its next request. It is longer than the API server's own 90 s
+	// (client-go's IdleConnTimeout) so that the API server, not the
+	// webhook, closes its idle connections: a POST written to a
+	// connection the server has just closed fails unretried, and the
+	// review fails open.
+	DefaultIdleTimeout = 120 * time.Second
+	// DefaultMaxHeaderBytes bounds the request headers (net/http's own
+	// default is 1 MiB per connection).
+	DefaultMaxHeaderBytes = 32 << 10
+	// DefaultMaxConnections bounds the open connections; more wait to be
+	// accepted. The API server keeps up to 25 idle connections to a
+	// webhook (client-go's MaxIdleConnsPerHost), so this leaves room for
+	// a few API servers and their bursts. An open connection costs tens of
+	// KiB; the memory of the bodies is bounded by MaxRequestsInFlight.
+	DefaultMaxConnections = 128
+	// DefaultMaxRequestsInFlight bounds the reviews read and judged at
+	// once, and so the memory their bodies hold (at most MaxBodyBytes
+	// each: 112 MiB, within the sidecar's 256 MiB limit). A review is
+	// answered from caches in well under a millisecond, or within
+	// DefaultClassCheckTimeout for a class, so 16 answer thousands a
+	// second; more wait for a turn until their read deadline.
+	DefaultMaxRequestsInFlight = 16
+)
+
+// MaxBodyBytes is the largest AdmissionReview accepted: the API server's
+// own limit on a request body is 3 MiB, and a review carries the object
+// twice.
+const MaxBodyBytes = 7 << 20
+
 // CapacityGetter is the driver call the StorageClass check needs
 // (csiclient.Client has it).
 type CapacityGetter interface {
@@ -72,6 +114,15 @@ type Config struct {
 	CertCheckInterval time.Duration
 	// ClassCheckTimeout bounds the GetCapacity of a class (0: the default).
 	ClassCheckTimeout time.Duration
+	// ReadHeaderTimeout, ReadTimeout, IdleTimeout, MaxHeaderBytes,
+	// MaxConnections and MaxRequestsInFlight bound what a client can hold
+	// (0: the Default of each).
+	ReadHeaderTimeout   time.Duration
+	ReadTimeout         time.Duration
+	IdleTimeout         time.Duration
+	MaxHeaderBytes      int
+	MaxConnections      int
+	MaxRequestsInFlight int
 	// Registerer receives the webhook's metrics. Optional.
 	Registerer prometheus.Registerer
 	// Clock drives the certificate checks and the caBundle resync.
@@ -99,6 +150,10 @@ func (c *Config) Validate() error {
 		return errors.New("webhook: ConfigName is set but Configs is nil")
 	case c.CertCheckInterval < 0 || c.ClassCheckTimeout < 0:
 		return errors.New("webhook: CertCheckInterval and ClassCheckTimeout must not be negative")
+	case c.ReadHeaderTimeout < 0 || c.ReadTimeout < 0 || c.IdleTimeout < 0:
+		return errors.New("webhook: ReadHeaderTimeout, ReadTimeout and IdleTimeout must not be negative")
+	case c.MaxHeaderBytes < 0 || c.MaxConnections < 0 || c.MaxRequestsInFlight < 0:
+		return errors.New("webhook: MaxHeaderBytes, MaxConnections and MaxRequestsInFlight must not be negative")
 	}
 	return nil
 }

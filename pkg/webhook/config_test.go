@@ -30,6 +30,8 @@ func TestConfigValidate(t *testing.T) {
 		{name: "no cert dir", change: func(c *Config) { c.CertDir = "" }, want: "CertDir is empty"},
 		{name: "configuration without client", change: func(c *Config) { c.Configs = nil }, want: "ConfigName is set but Configs is nil"},
 		{name: "negative interval", change: func(c *Config) { c.CertCheckInterval = -1 }, want: "must not be negative"},
+		{name: "negative read timeout", change: func(c *Config) { c.ReadTimeout = -1 }, want: "ReadHeaderTimeout, ReadTimeout and IdleTimeout must not be negative"},
+		{name: "negative connection limit", change: func(c *Config) { c.MaxConnections = -1 }, want: "MaxHeaderBytes, MaxConnections and MaxRequestsInFlight must not be negative"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := valid()

@@ -3,6 +3,7 @@ package webhook
 import (
 	"context"
 	"fmt"
+	"math"
 	"sort"
 	"strings"
 
@@ -62,14 +63,35 @@ func (d *decider) capacitiesOf(class string) []*storagev1.CSIStorageCapacity {
 	return out
 }
 
-// request is a claim's storage request in bytes (0: none).
-func request(pvc *corev1.PersistentVolumeClaim) int64 {
+// maxSize is where sizes no volume can have begin. A CSI capacity is an
+// int64 of bytes, and Quantity.Value of a larger quantity wraps (1e19 is
+// 0, 9223372036854775808 is negative) where resource.ParseQuantity does
+// not cap it at this very value (it does for binary suffixes: 8Ei and 16Ei
+// parse as math.MaxInt64). So this value, and all beyond, are refused: no
+// pool holds a file of 8Ei - 1 bytes either.
+const maxSize = math.MaxInt64
+
+// request is a claim's storage request in bytes (0: none); fits is false
+// when it is maxSize or more, and then the bytes are 0.
+func request(pvc *corev1.PersistentVolumeClaim) (b int64, fits bool) {
 	q, ok := pvc.Spec.Resources.Requests[corev1.ResourceStorage]
 	if !ok {
-		return 0
+		return 0, true
 	}
-	return q.Value()
+	if q.CmpInt64(maxSize) >= 0 {
+		return 0, false
+	}
+	return q.Value(), true
 }
+
+// requestString is a claim's storage request as the client sent it.
+func requestString(pvc *corev1.PersistentVolumeClaim) string {
+	q := pvc.Spec.Resources.Requests[corev1.ResourceStorage]
+	return q.String()
+}
+
+// beyondMaxSize says why a request of maxSize or more is refused.
+var beyondMaxSize = fmt.Sprintf("a size must be less than %d bytes (8Ei - 1, the largest a CSI capacity can express)", int64(maxSize))
 
 // size formats bytes as a Kubernetes quantity and, when that rounds, the
 // exact byte count.
@@ -93,8 +115,8 @@ func (d *decider) claimCreate(pvc *corev1.PersistentVolumeClaim) verdict {
 	if d.class(className) == nil {
 		return verdict{}
 	}
-	want := request(pvc)
-	if want <= 0 {
+	want, fits := request(pvc)
+	if fits && want <= 0 {
 		return verdict{}
 	}
 	largest, segments := int64(-1), 0
@@ -111,6 +133,14 @@ func (d *decider) claimCreate(pvc *corev1.PersistentVolumeClaim) verdict {
 		segments++
 		largest = max(largest, q.Value())
 	}
+	if !fits {
+		largestSays := ""
+		if segments > 0 {
+			largestSays = fmt.Sprintf("; the largest pool of StorageClass %q can hold %s. Ask for at most %s", className, size(largest), size(largest))
+		}
+		return verdict{reason: fmt.Sprintf("asked %s bytes, more than any volume can be: PersistentVolumeClaim %s of StorageClass %q; %s%s",
+			requestString(pvc), claimName(pvc), className, beyondMaxSize, largestSays)}
+	}
 	if segments == 0 || want <= largest {
 		return verdict{}
 	}
@@ -124,8 +154,8 @@ func (d *decider) claimCreate(pvc *corev1.PersistentVolumeClaim) verdict {
 // claimExpand refuses growing a bound claim of the driver by more than the
 // free space of every pool of its volume's zone.
 func (d *decider) claimExpand(old, pvc *corev1.PersistentVolumeClaim) verdict {
-	want := request(pvc)
-	if want <= request(old) || pvc.Spec.VolumeName == "" {
+	want, fits := request(pvc)
+	if had, _ := request(old); fits && want <= had || pvc.Spec.VolumeName == "" {
 		return verdict{}
 	}
 	obj, ok, err := d.volumes.GetByKey(pvc.Spec.VolumeName)
@@ -141,6 +171,10 @@ func (d *decider) claimExpand(old, pvc *corev1.PersistentVolumeClaim) verdict {
 		return verdict{}
 	}
 	have := q.Value()
+	if !fits {
+		return verdict{reason: fmt.Sprintf("asks for %s bytes, more than any volume can be: PersistentVolumeClaim %s, whose volume %s holds %s; %s",
+			requestString(pvc), claimName(pvc), pv.Name, size(have), beyondMaxSize)}
+	}
 	growth := want - have
 	if growth <= 0 {
 		return verdict{}

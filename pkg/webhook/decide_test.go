@@ -244,3 +244,59 @@ func checkVerdict(t *testing.T, v verdict, want []string) {
 		}
 	}
 }
+
+// claimOf is claim with the request given as a quantity's text.
+func claimOf(class, quantity, volume string) *corev1.PersistentVolumeClaim {
+	pvc := claim(class, 0, volume)
+	pvc.Spec.Resources.Requests[corev1.ResourceStorage] = resource.MustParse(quantity)
+	return pvc
+}
+
+// TestSizesBeyondInt64 are the sizes that overflow an int64 of bytes when
+// converted (Quantity.Value wraps them to 0 or a negative number): each
+// is denied with the size asked and the largest there can be, whether or
+// not any capacity is published, on create and on expansion; the largest
+// size that fits is judged as ever.
+func TestSizesBeyondInt64(t *testing.T) {
+	beyond := "a size must be less than 9223372036854775807 bytes (8Ei - 1, the largest a CSI capacity can express)"
+	for _, tc := range []struct {
+		name   string
+		q      string
+		noCaps bool
+		want   []string // on create; empty: allowed
+	}{
+		{name: "1e19", q: "1e19", want: []string{"asked 10e18 bytes, more than any volume can be", `PersistentVolumeClaim app/data of StorageClass "lv"`, beyond,
+			`the largest pool of StorageClass "lv" can hold 6Gi (6442450944 bytes). Ask for at most 6Gi`}},
+		{name: "1e100", q: "1e100", want: []string{"asked 10e99 bytes", beyond}},
+		{name: "2^63", q: "9223372036854775808", want: []string{"asked 9223372036854775808 bytes", beyond}},
+		{name: "10E", q: "10E", want: []string{"asked 10E bytes", beyond}},
+		{name: "8Ei, capped by the parser", q: "8Ei", want: []string{"asked 9223372036854775807 bytes", beyond}},
+		{name: "16Ei", q: "16Ei", want: []string{"asked 9223372036854775807 bytes", beyond}},
+		{name: "1e19, nothing published", q: "1e19", noCaps: true, want: []string{"asked 10e18 bytes, more than any volume can be", beyond}},
+		{name: "largest int64, nothing published", q: "9223372036854775807", noCaps: true, want: []string{beyond}},
+		{name: "one below, nothing published: allowed", q: "9223372036854775806", noCaps: true},
+		{name: "one below: larger than every pool", q: "9223372036854775806",
+			want: []string{"largest pool can hold 6Gi (6442450944 bytes); asked 9223372036854775806"}},
+		{name: "fits", q: "6Gi"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := world(t, &fakeCSI{})
+			if tc.noCaps {
+				d.capacities = store(t)
+			}
+			v := d.claimCreate(claimOf("lv", tc.q, ""))
+			checkVerdict(t, v, tc.want)
+			if len(tc.want) > 0 && tc.noCaps && strings.Contains(v.reason, "largest pool") {
+				t.Errorf("reason %q names a largest pool, with none published", v.reason)
+			}
+			t.Logf("%s: %s", tc.q, v.reason)
+		})
+	}
+	t.Run("expansion to 1e19", func(t *testing.T) {
+		v := world(t, &fakeCSI{}).claimExpand(claim("lv", 2*gi, "pv-a"), claimOf("lv", "1e19", "pv-a"))
+		checkVerdict(t, v, []string{"asks for 10e18 bytes, more than any volume can be: PersistentVolumeClaim app/data, whose volume pv-a holds 2Gi", beyond})
+	})
+	t.Run("another driver's class: untouched", func(t *testing.T) {
+		checkVerdict(t, world(t, &fakeCSI{}).claimCreate(claimOf("other", "1e19", "")), nil)
+	})
+}

@@ -9,7 +9,8 @@ import (
 
 // metrics are the webhook's own Prometheus metrics.
 type metrics struct {
-	reviews *prometheus.HistogramVec
+	reviews     *prometheus.HistogramVec
+	connections prometheus.GaugeFunc
 }
 
 // reviewBuckets are in seconds: the answers come from caches in well under
@@ -17,7 +18,8 @@ type metrics struct {
 // configuration's timeouts are 3 and 5 s.
 var reviewBuckets = []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5}
 
-func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+// newMetrics builds the metrics; conns reports the open connections.
+func newMetrics(reg prometheus.Registerer, conns func() float64) (*metrics, error) {
 	m := &metrics{
 		reviews: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "loopvol_webhook_review_duration_seconds",
@@ -25,10 +27,16 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 				"(PersistentVolumeClaim, StorageClass; \"\" for a malformed review), operation and whether it was allowed.",
 			Buckets: reviewBuckets,
 		}, []string{"kind", "operation", "allowed"}),
+		connections: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "loopvol_webhook_connections",
+			Help: "Open connections to the webhook's HTTPS port, at most --webhook-max-connections (more wait to be accepted).",
+		}, conns),
 	}
 	if reg != nil {
-		if err := reg.Register(m.reviews); err != nil {
-			return nil, err
+		for _, c := range []prometheus.Collector{m.reviews, m.connections} {
+			if err := reg.Register(c); err != nil {
+				return nil, err
+			}
 		}
 	}
 	return m, nil

@@ -16,7 +16,7 @@ import (
 // labels.
 func TestReviewLatencyIsRecorded(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	m, err := newMetrics(reg)
+	m, err := newMetrics(reg, func() float64 { return 0 })
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,14 +8,17 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"golang.org/x/net/netutil"
 	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
@@ -28,10 +31,6 @@ import (
 
 	"github.com/loopvol/loopvol/internal/kube"
 )
-
-// maxBody is the largest AdmissionReview accepted: the API server's own
-// limit on a request body is 3 MiB, and a review carries the object twice.
-const maxBody = 7 << 20
 
 // caBundleResync is how often the caBundle is checked even when the CA did
 // not change (someone may have reapplied the configuration with another).
@@ -50,6 +49,12 @@ type Webhook struct {
 	mu       sync.Mutex
 	files    [3][]byte // tls.crt, tls.key, ca.crt as last loaded
 	syncedCA []byte    // the caBundle last found or written
+	// turns holds a token per review being read or judged
+	// (MaxRequestsInFlight); nil (a Webhook built without New) is no
+	// bound.
+	turns chan struct{}
+	// conns and peakConns count the open connections, now and at most.
+	conns, peakConns atomic.Int64
 }
 
 // New builds the webhook and asks for its informers; Run serves it.
@@ -66,15 +71,33 @@ func New(cfg Config) (*Webhook, error) {
 	if cfg.Clock == nil {
 		cfg.Clock = clock.RealClock{}
 	}
+	for _, d := range []struct {
+		v   *time.Duration
+		def time.Duration
+	}{{&cfg.ReadHeaderTimeout, DefaultReadHeaderTimeout}, {&cfg.ReadTimeout, DefaultReadTimeout}, {&cfg.IdleTimeout, DefaultIdleTimeout}} {
+		if *d.v == 0 {
+			*d.v = d.def
+		}
+	}
+	for _, n := range []struct {
+		v   *int
+		def int
+	}{{&cfg.MaxHeaderBytes, DefaultMaxHeaderBytes}, {&cfg.MaxConnections, DefaultMaxConnections}, {&cfg.MaxRequestsInFlight, DefaultMaxRequestsInFlight}} {
+		if *n.v == 0 {
+			*n.v = n.def
+		}
+	}
 	classes := cfg.Informers.StorageClasses()
 	volumes := cfg.Informers.PersistentVolumes(kube.PVCapacity)
 	sel := labels.SelectorFromSet(labels.Set{capacityDriverLabel: cfg.DriverName})
 	capacities := cfg.Informers.CSIStorageCapacities(cfg.Namespace, sel)
-	m, err := newMetrics(cfg.Registerer)
+	w := &Webhook{cfg: cfg, synced: []cache.InformerSynced{classes.HasSynced, volumes.HasSynced, capacities.HasSynced},
+		turns: make(chan struct{}, cfg.MaxRequestsInFlight)}
+	m, err := newMetrics(cfg.Registerer, func() float64 { return float64(w.conns.Load()) })
 	if err != nil {
 		return nil, err
 	}
-	w := &Webhook{cfg: cfg, metrics: m, synced: []cache.InformerSynced{classes.HasSynced, volumes.HasSynced, capacities.HasSynced}}
+	w.metrics = m
 	timeout := cfg.ClassCheckTimeout
 	w.d = &decider{
 		driver: cfg.DriverName, namespace: cfg.Namespace,
@@ -159,18 +182,41 @@ func (w *Webhook) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("--webhook-address: %w", err)
 	}
+	// Connections beyond the limit wait in the listen queue until one
+	// closes; the timeouts below make sure one does.
+	ln = netutil.LimitListener(ln, w.cfg.MaxConnections)
 	mux := http.NewServeMux()
 	mux.Handle(Path, w)
+	// HTTP/1.1 only, as controller-runtime's webhook server: a connection
+	// then carries one review at a time, so MaxConnections bounds the
+	// requests too. Over HTTP/2 one connection opens up to 250 streams,
+	// each with a body of its own (and rapid reset, CVE-2023-44487, is that
+	// class); the API server speaks HTTP/1.1 to webhooks just as well.
+	var protocols http.Protocols
+	protocols.SetHTTP1(true)
 	srv := &http.Server{
-		Handler:           mux,
-		ReadHeaderTimeout: 10 * time.Second,
+		Handler: mux,
+		// Deadlines from the connection's accept (the TLS handshake is
+		// bounded by the smaller of the first two), so a client that
+		// stops sending is closed and what it sent is freed.
+		ReadHeaderTimeout: w.cfg.ReadHeaderTimeout,
+		ReadTimeout:       w.cfg.ReadTimeout,
+		IdleTimeout:       w.cfg.IdleTimeout,
+		MaxHeaderBytes:    w.cfg.MaxHeaderBytes,
+		Protocols:         &protocols,
+		ConnState:         w.connState,
 		TLSConfig: &tls.Config{
 			MinVersion:     tls.VersionTLS12,
 			GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return w.cert.Load(), nil },
 		},
 		BaseContext: func(net.Listener) context.Context { return ctx },
+		// The server's own messages (TLS handshake errors of port
+		// scanners, mostly) go to klog at V(4), not to stderr.
+		ErrorLog: log.New(klogWriter{logger: logger}, "", 0),
 	}
-	logger.Info("Serving admission reviews", "address", ln.Addr().String(), "path", Path, "certDir", w.cfg.CertDir)
+	logger.Info("Serving admission reviews", "address", ln.Addr().String(), "path", Path, "certDir", w.cfg.CertDir,
+		"readHeaderTimeout", w.cfg.ReadHeaderTimeout, "readTimeout", w.cfg.ReadTimeout, "idleTimeout", w.cfg.IdleTimeout,
+		"maxConnections", w.cfg.MaxConnections, "maxRequestsInFlight", w.cfg.MaxRequestsInFlight)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.ServeTLS(ln, "", "") }()
 	w.ready.Store(true)
@@ -285,16 +331,56 @@ func (w *Webhook) syncCABundle(ctx context.Context) {
 	w.mu.Unlock()
 }
 
+// connState counts the open connections (a hijacked one is not the
+// server's any more).
+func (w *Webhook) connState(_ net.Conn, state http.ConnState) {
+	switch state {
+	case http.StateNew:
+		n := w.conns.Add(1)
+		for p := w.peakConns.Load(); n > p && !w.peakConns.CompareAndSwap(p, n); p = w.peakConns.Load() {
+		}
+	case http.StateClosed, http.StateHijacked:
+		w.conns.Add(-1)
+	}
+}
+
+// klogWriter passes net/http's server log lines to klog.
+type klogWriter struct{ logger klog.Logger }
+
+func (k klogWriter) Write(p []byte) (int, error) {
+	k.logger.V(4).Info("HTTP server", "message", strings.TrimSuffix(string(p), "\n"))
+	return len(p), nil
+}
+
 // ServeHTTP answers one AdmissionReview. A request that is no POST of a
 // JSON AdmissionReview v1 with a request gets a 400 (405 for another
-// method) with the reason as plain text.
+// method) with the reason as plain text; 503 when MaxRequestsInFlight
+// reviews are being read and judged until this one's read deadline.
 func (w *Webhook) ServeHTTP(rw http.ResponseWriter, req *http.Request) {
 	start := time.Now()
 	if req.Method != http.MethodPost {
 		http.Error(rw, "admission reviews are POSTed", http.StatusMethodNotAllowed)
 		return
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(rw, req.Body, maxBody))
+	// A turn before the body is read: the bodies in memory are at most
+	// MaxRequestsInFlight × MaxBodyBytes, however many clients send.
+	// Waiting longer than ReadTimeout is pointless: the body's read
+	// deadline has passed by then.
+	if w.turns != nil {
+		wait := time.NewTimer(w.cfg.ReadTimeout)
+		select {
+		case w.turns <- struct{}{}:
+			wait.Stop()
+			defer func() { <-w.turns }()
+		case <-wait.C:
+			http.Error(rw, fmt.Sprintf("busy: %d reviews are being read and judged; try again", cap(w.turns)), http.StatusServiceUnavailable)
+			return
+		case <-req.Context().Done():
+			wait.Stop()
+			return
+		}
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(rw, req.Body, MaxBodyBytes))
 	if err != nil {
 		http.Error(rw, "malformed AdmissionReview: reading the body: "+err.Error(), http.StatusBadRequest)
 		return
@@ -342,17 +428,16 @@ func (w *Webhook) review(ctx context.Context, req *admissionv1.AdmissionRequest)
 	var err error
 	switch {
 	case req.Kind.Group == "" && req.Kind.Kind == "PersistentVolumeClaim" && req.SubResource == "":
-		var pvc corev1.PersistentVolumeClaim
-		if err = decode(req.Object.Raw, &pvc); err != nil {
+		var pvc, old *corev1.PersistentVolumeClaim
+		if pvc, err = decodeClaim(req.Object.Raw); err != nil {
 			break
 		}
 		switch req.Operation {
 		case admissionv1.Create:
-			v = w.d.claimCreate(&pvc)
+			v = w.d.claimCreate(pvc)
 		case admissionv1.Update:
-			var old corev1.PersistentVolumeClaim
-			if err = decode(req.OldObject.Raw, &old); err == nil {
-				v = w.d.claimExpand(&old, &pvc)
+			if old, err = decodeClaim(req.OldObject.Raw); err == nil {
+				v = w.d.claimExpand(old, pvc)
 			}
 		}
 	case req.Kind.Group == storagev1.GroupName && req.Kind.Kind == "StorageClass" && req.Operation == admissionv1.Create:

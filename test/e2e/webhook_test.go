@@ -71,6 +71,7 @@ func TestWebhook(t *testing.T) {
 	w.startCapacity("capacity", nil, "--capacity-ownerref-level=-1")
 	w.waitCapacity()
 	t.Run("claim larger than every pool", w.testClaimTooLarge)
+	t.Run("claim sizes no volume can have", w.testClaimOverflow)
 	t.Run("valid claim passes", w.testValidClaim)
 	t.Run("expansion no pool of the zone can hold", w.testExpansion)
 	t.Run("class whose pool no node serves", w.testClassPool)
@@ -295,6 +296,19 @@ func (w *whRig) testClaimTooLarge(t *testing.T) {
 	denied(t, err, "largest pool can hold "+quantity(largest), "asked 1Gi", fmt.Sprintf("StorageClass %q", w.class),
 		"of its 2 topology segments", "Ask for at most "+quantity(largest))
 	t.Logf("denial: %v", err)
+}
+
+// testClaimOverflow: sizes past an int64 of bytes wrapped when converted
+// (1e19 became 0) and were admitted while 8Ei was denied; each is denied,
+// through the real API server, with the size asked and the largest pool.
+func (w *whRig) testClaimOverflow(t *testing.T) {
+	largest, _ := w.largest()
+	for i, size := range []string{"1e19", "9223372036854775808", "1e100", "8Ei"} {
+		_, err := w.createClaim(w.ctx, fmt.Sprintf("overflow-%d", i), size, true)
+		denied(t, err, "more than any volume can be", "a size must be less than 9223372036854775807 bytes",
+			"Ask for at most "+quantity(largest))
+		t.Logf("%s: %v", size, err)
+	}
 }
 
 func (w *whRig) testValidClaim(t *testing.T) {
