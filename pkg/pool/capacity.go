@@ -15,8 +15,14 @@ type Usage struct {
 	FreeBytes int64
 	// PromisedBytes are promised to sparse images but not yet allocated.
 	PromisedBytes int64
+	// CowReserveBytes are kept for copy-on-write: the blocks that volume
+	// images share with other files (reflinked snapshots and clones),
+	// which each volume needs again when it writes over them, plus
+	// xfs's metadata margin for that (cow.go).
+	CowReserveBytes int64
 	// AvailableBytes is what new volumes may still get:
-	// FreeBytes - PromisedBytes - ReserveBytes, never below zero.
+	// FreeBytes - PromisedBytes - CowReserveBytes - ReserveBytes, never
+	// below zero.
 	AvailableBytes int64
 	// OrphanImages counts images without a record: the remains of a
 	// CreateVolume that died between the image and its record (or of a
@@ -50,7 +56,7 @@ func (p *Pool) Usage() (Usage, error) {
 	if err := p.countImages(&u); err != nil {
 		return Usage{}, err
 	}
-	u.AvailableBytes = max(0, u.FreeBytes-u.PromisedBytes-p.ReserveBytes)
+	u.AvailableBytes = max(0, u.unreserved()-p.ReserveBytes)
 	return u, nil
 }
 
@@ -92,6 +98,9 @@ func (p *Pool) countImages(u *Usage) error {
 		// (reflink), are what statfs already counts.
 		if unallocated := st.Size - st.Blocks*512; unallocated > 0 && !strings.HasPrefix(name, snapPrefix) {
 			u.PromisedBytes += unallocated
+		}
+		if !strings.HasPrefix(name, snapPrefix) {
+			u.CowReserveBytes += p.cowReserve(name, st)
 		}
 		if !records[hash] {
 			u.OrphanImages++

@@ -238,10 +238,11 @@ func (p *Pool) fill(ctx context.Context, out, in *os.File, srcSize, size int64, 
 			unlock()
 		}
 	}()
-	avail, err := p.Available()
+	before, err := p.Usage()
 	if err != nil {
 		return "", err
 	}
+	avail := before.AvailableBytes
 	if size > avail {
 		return "", fmt.Errorf("pool %s has %d bytes available, the volume needs %d: %w", p.Name, avail, size, ErrNoSpace)
 	}
@@ -262,6 +263,11 @@ func (p *Pool) fill(ctx context.Context, out, in *os.File, srcSize, size int64, 
 			if err := out.Truncate(size); err != nil {
 				return "", fmt.Errorf("size %s: %w", out.Name(), err)
 			}
+		}
+		// The blocks now shared must stay writable by every volume
+		// that shares them (cow.go); the caller removes out on error.
+		if err := p.checkSharing(before); err != nil {
+			return "", err
 		}
 		return CopyReflink, nil
 	}

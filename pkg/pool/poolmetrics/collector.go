@@ -15,13 +15,18 @@ type Usage struct {
 	// (pool.Usage).
 	OrphanImages int
 	OrphanBytes  int64
+	// CowReserveBytes are kept for the copy-on-write of blocks volumes
+	// share with snapshots and clones (pool.Usage).
+	CowReserveBytes int64
 }
 
 var (
 	poolSizeDesc = prometheus.NewDesc("loopvol_pool_size_bytes",
 		"Size of the filesystem that holds the pool.", []string{"pool", "zone"}, nil)
 	poolAvailableDesc = prometheus.NewDesc("loopvol_pool_available_bytes",
-		"Bytes new volumes may still get in the pool: free space minus space promised to sparse images minus the reserve.", []string{"pool", "zone"}, nil)
+		"Bytes new volumes may still get in the pool: free space minus space promised to sparse images, minus the copy-on-write reserve, minus the reserve.", []string{"pool", "zone"}, nil)
+	poolCowReserveDesc = prometheus.NewDesc("loopvol_pool_cow_reserve_bytes",
+		"Bytes kept out of the pool's available space for copy-on-write: the blocks volume images share with reflinked snapshots and clones, which a volume needs again when it writes over them.", []string{"pool", "zone"}, nil)
 	poolOrphanImagesDesc = prometheus.NewDesc("loopvol_pool_orphan_images",
 		"Images in the pool without a volume record: left by a create that died (reclaimed after a grace if they hold no data) or a volume whose record was lost (kept).", []string{"pool", "zone"}, nil)
 	poolOrphanBytesDesc = prometheus.NewDesc("loopvol_pool_orphan_bytes",
@@ -40,6 +45,7 @@ type Collector struct {
 func (c Collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- poolSizeDesc
 	ch <- poolAvailableDesc
+	ch <- poolCowReserveDesc
 	ch <- poolOrphanImagesDesc
 	ch <- poolOrphanBytesDesc
 }
@@ -49,6 +55,7 @@ func (c Collector) Collect(ch chan<- prometheus.Metric) {
 	for _, u := range c.Usage() {
 		ch <- prometheus.MustNewConstMetric(poolSizeDesc, prometheus.GaugeValue, float64(u.SizeBytes), u.Pool, u.Zone)
 		ch <- prometheus.MustNewConstMetric(poolAvailableDesc, prometheus.GaugeValue, float64(u.AvailableBytes), u.Pool, u.Zone)
+		ch <- prometheus.MustNewConstMetric(poolCowReserveDesc, prometheus.GaugeValue, float64(u.CowReserveBytes), u.Pool, u.Zone)
 		ch <- prometheus.MustNewConstMetric(poolOrphanImagesDesc, prometheus.GaugeValue, float64(u.OrphanImages), u.Pool, u.Zone)
 		ch <- prometheus.MustNewConstMetric(poolOrphanBytesDesc, prometheus.GaugeValue, float64(u.OrphanBytes), u.Pool, u.Zone)
 	}
@@ -64,7 +71,7 @@ func Measure(pools []*pool.Pool) []Usage {
 			continue
 		}
 		out = append(out, Usage{Pool: p.Name, Zone: p.Zone, SizeBytes: u.TotalBytes, AvailableBytes: u.AvailableBytes,
-			OrphanImages: u.OrphanImages, OrphanBytes: u.OrphanBytes})
+			OrphanImages: u.OrphanImages, OrphanBytes: u.OrphanBytes, CowReserveBytes: u.CowReserveBytes})
 	}
 	return out
 }

@@ -22,8 +22,11 @@ func gather(t *testing.T, c prometheus.Collector, want string, names ...string) 
 }
 
 const (
-	availableHelp = `# HELP loopvol_pool_available_bytes Bytes new volumes may still get in the pool: free space minus space promised to sparse images minus the reserve.
+	availableHelp = `# HELP loopvol_pool_available_bytes Bytes new volumes may still get in the pool: free space minus space promised to sparse images, minus the copy-on-write reserve, minus the reserve.
 # TYPE loopvol_pool_available_bytes gauge
+`
+	cowReserveHelp = `# HELP loopvol_pool_cow_reserve_bytes Bytes kept out of the pool's available space for copy-on-write: the blocks volume images share with reflinked snapshots and clones, which a volume needs again when it writes over them.
+# TYPE loopvol_pool_cow_reserve_bytes gauge
 `
 	orphanBytesHelp = `# HELP loopvol_pool_orphan_bytes Size of the images in the pool without a volume record; this space is not available to new volumes.
 # TYPE loopvol_pool_orphan_bytes gauge
@@ -39,12 +42,14 @@ const (
 func TestCollector(t *testing.T) {
 	c := Collector{Usage: func() []Usage {
 		return []Usage{
-			{Pool: "a", Zone: "z1", SizeBytes: 1000, AvailableBytes: 400, OrphanImages: 2, OrphanBytes: 300},
+			{Pool: "a", Zone: "z1", SizeBytes: 1000, AvailableBytes: 400, OrphanImages: 2, OrphanBytes: 300, CowReserveBytes: 100},
 			{Pool: "b", Zone: "z2", SizeBytes: 50, AvailableBytes: 50},
 		}
 	}}
 	gather(t, c, availableHelp+`loopvol_pool_available_bytes{pool="a",zone="z1"} 400
 loopvol_pool_available_bytes{pool="b",zone="z2"} 50
+`+cowReserveHelp+`loopvol_pool_cow_reserve_bytes{pool="a",zone="z1"} 100
+loopvol_pool_cow_reserve_bytes{pool="b",zone="z2"} 0
 `+orphanBytesHelp+`loopvol_pool_orphan_bytes{pool="a",zone="z1"} 300
 loopvol_pool_orphan_bytes{pool="b",zone="z2"} 0
 `+orphanImagesHelp+`loopvol_pool_orphan_images{pool="a",zone="z1"} 2
