@@ -76,6 +76,7 @@ func run(ctx context.Context, cfg *config, listen listenFunc) error {
 		if err != nil {
 			return err
 		}
+		n.Start(ctx) // its staged records, as its loop devices say
 		srvCfg.Node = n
 	}
 	if cfg.serves(modeController) {

@@ -28,7 +28,10 @@ import (
 // deferred thaw covers every return and panic, not a SIGKILL. The restarted
 // controller thaws it (thawAbandoned: the snapshot's record still says not
 // ready and nobody holds its lock); until then fsfreeze -u <staging path>
-// does.
+// does. So the record that says not ready is written before the freeze (a
+// group's, and a snapshot's: freezeSnapshotSource), and the thaw finds the
+// source's image where it was frozen and where it lives now, whatever pool
+// that is (imagesOf).
 
 // The ioctls of linux/fs.h, _IOWR('X', 119, int) and _IOWR('X', 120, int);
 // golang.org/x/sys/unix does not define them.
@@ -137,13 +140,51 @@ func (s *Server) thawAbandoned(ctx context.Context) {
 			}
 		}
 		for _, src := range sources {
-			vid, err := pool.ParseVolumeID(src)
-			if err != nil || vid.Pool != p.Name {
-				continue
+			for _, image := range s.imagesOf(p, src) {
+				s.freezer.thaw(ctx, image, src)
 			}
-			s.freezer.thaw(ctx, p.ImagePath(vid), src)
 		}
 	}
+}
+
+// imagesOf returns the image paths a frozen source volume src of a snapshot
+// taken in pool p may be mounted from: p's (where the volume lived when it
+// was frozen, and its snapshot was taken) and the one of the pool it lives
+// in now, which its home pool (the one its ID names, any pool of the zone,
+// not p) says. The freeze is undone wherever the volume is: a moved
+// volume's ID names its home pool, not the pool its image and snapshots are
+// in, and a lookup of its image by ID alone missed it.
+func (s *Server) imagesOf(p *pool.Pool, src string) []string {
+	vid, err := pool.ParseVolumeID(src)
+	if err != nil {
+		return nil
+	}
+	images := []string{p.ImagePath(vid)}
+	if home := s.pools[vid.Pool]; home != nil {
+		if now := home.Resident(vid, s.peer).ImagePath(vid); now != images[0] {
+			images = append(images, now)
+		}
+	}
+	return images
+}
+
+// freezeSnapshotSource freezes the source v (ID srcID, living in pool p) of
+// the snapshot called name, if it is mounted here, after the snapshot's
+// record says not ready: that record is what a restarted controller thaws
+// by (thawAbandoned), so it is durable before the freeze, and a kill at any
+// point after FIFREEZE leaves it. A freeze that fails takes back the record
+// it wrote (fresh: there was none before).
+func (s *Server) freezeSnapshotSource(ctx context.Context, p *pool.Pool, name string, v *pool.Volume, srcID pool.VolumeID, fresh bool) (thawFunc, error) {
+	if err := p.BeginSnapshot(name, v); err != nil {
+		return func() {}, err
+	}
+	thaw, err := s.freezer.freeze(ctx, p.ImagePath(srcID))
+	if err != nil && fresh {
+		if rmErr := p.DeleteSnapshot(pool.DeriveSnapshotID(p.Name, name)); rmErr != nil {
+			klog.FromContext(ctx).Error(rmErr, "Could not remove the record of a snapshot whose source could not be frozen; Sweep removes it later", "snapshot", name)
+		}
+	}
+	return thaw, err
 }
 
 // thaw thaws the filesystem on image if it is mounted here and frozen.

@@ -154,6 +154,9 @@ func (s *Server) controllerModifyVolume(ctx context.Context, req *csi.Controller
 			want := v.Modifying[MutablePreallocate] == "false"
 			thin, params = &want, v.Modifying
 		}
+		if err := checkUnstaged(home, id, v, thin, to); err != nil {
+			return err
+		}
 		if thin != nil {
 			was := v.Thin
 			if err := p.SetLayout(ctx, v, *thin, params); err != nil {

@@ -117,7 +117,7 @@ func (s *Server) createSnapshot(ctx context.Context, req *csi.CreateSnapshotRequ
 		// A snapshot that is whole already is answered as it is;
 		// anything else is cloned, frozen if mounted here.
 		if found == nil || !found.ReadyToUse {
-			thaw, err := s.freezer.freeze(ctx, p.ImagePath(srcID))
+			thaw, err := s.freezeSnapshotSource(ctx, p, req.GetName(), v, srcID, found == nil)
 			if err != nil {
 				return err
 			}

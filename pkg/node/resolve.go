@@ -2,6 +2,7 @@ package node
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/loopvol/loopvol/pkg/pool"
 	"github.com/loopvol/loopvol/pkg/volspec"
@@ -19,6 +20,9 @@ type node struct {
 	kubeletDir  string // cleaned
 	kubeletReal string // with symbolic links resolved
 	pools       map[string]*pool.Pool
+	// started is this plugin's incarnation, the LastStart of its node
+	// records; its staged records carry it (staged.go).
+	started time.Time
 }
 
 // volume reads the record of a volume, in the pool it lives in (see

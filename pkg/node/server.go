@@ -131,6 +131,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	sort.Strings(names)
 	rec := pool.NodeRecord{ID: cfg.NodeID, Zone: cfg.Zone, MaxVolumes: cfg.MaxVolumes, LastStart: time.Now().UTC()}
+	n.started = rec.LastStart
 	for _, name := range names {
 		if err := n.pools[name].WriteNode(rec); err != nil {
 			return nil, fmt.Errorf("pool %s: record node %s: %w", name, cfg.NodeID, err)

@@ -73,6 +73,9 @@ func (n *node) stage(ctx context.Context, a stageArgs) error {
 				return err
 			}
 			if ok && mp.path == staging.path && n.mountedFrom(mp, dev) {
+				if _, err := n.recordStaged(a.id, readOnly); err != nil {
+					return err
+				}
 				n.tune(ctx, dev, v)
 				logger.V(4).Info("Volume was already staged", "stagingTargetPath", staging.path, "device", dev)
 				return n.growAfterStage(ctx, v, dev, staging, readOnly) // a growth that failed before
@@ -81,8 +84,17 @@ func (n *node) stage(ctx context.Context, a stageArgs) error {
 		}
 	}
 
+	// Recorded before anything is attached (staged.go): from here on a
+	// move of the volume is refused until the unstage.
+	wrote, err := n.stageFenced(ctx, a.id, readOnly)
+	if err != nil {
+		return err
+	}
 	dev, err := n.ensureDevice(ctx, a.id, readOnly)
 	if err != nil {
+		if wrote {
+			n.dropStaged(ctx, a.id)
+		}
 		return err
 	}
 	n.tune(ctx, dev, v)
@@ -243,7 +255,9 @@ func (n *node) unstage(ctx context.Context, a unstageArgs) error {
 		}
 	}
 	if !found {
-		return nil
+		// Nothing attached: what a stage or an unstage that died left
+		// of the staged record goes too.
+		return n.forgetStaged(ctx, a.id)
 	}
 	if users, err := n.users(dev); err != nil {
 		return err
@@ -254,5 +268,6 @@ func (n *node) unstage(ctx context.Context, a unstageArgs) error {
 		return fmt.Errorf("volume %s: %w", a.id, err)
 	}
 	logger.V(2).Info("Unstaged volume", "device", dev)
-	return nil
+	// Only now, with the device gone, may the volume move (staged.go).
+	return n.forgetStaged(ctx, a.id)
 }

@@ -221,8 +221,9 @@ func (p *Pool) Resident(id VolumeID, peers Peers) *Pool {
 // MoveVolume moves volume id, whose home pool is p, to pool to (see the
 // design above) and returns its record there. The caller holds Lock(id) in
 // p. A move that a crash interrupted is finished first (FinishMove); a
-// volume in to already is left as it is. A volume attached anywhere is
-// refused (ErrInUse): the copy must see every write. A target without the
+// volume in to already is left as it is. A volume attached anywhere, or
+// staged on any node (staged.go), is refused (ErrInUse): the copy must see
+// every write. A target without the
 // space is refused with ErrNoSpace before anything changes. ctx bounds the
 // wait for the target's pool lock before the copy (ErrBusy); the copy, once
 // begun, runs to its end.
@@ -246,6 +247,11 @@ func (p *Pool) MoveVolume(ctx context.Context, id VolumeID, to *Pool, peers Peer
 			nodes = append(nodes, a.Node)
 		}
 		return nil, fmt.Errorf("volume %s is attached to %s; it moves only while detached: %w", id, strings.Join(nodes, ", "), ErrInUse)
+	}
+	// Detached is not enough: a node that was detached by force may still
+	// have it staged and write it (staged.go).
+	if err := p.CheckUnstaged(id, "it moves to pool "+to.Name); err != nil {
+		return nil, err
 	}
 	if v.Modifying != nil {
 		return nil, fmt.Errorf("volume %s has an unfinished change of its layout (%v); finish it before the move: %w", id, v.Modifying, ErrBusy)

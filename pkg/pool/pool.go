@@ -48,6 +48,8 @@ type Pool struct {
 	// The pool's directories, opened once by Open: every file operation is
 	// relative to them (fs.go).
 	root, vols, nodes *dir
+	// staged holds the nodes' staged records (staged.go).
+	staged *dir
 
 	// held is the in-process half of the volume and snapshot locks: the
 	// keys (file stems) locked now. A key leaves it on unlock, so it holds
@@ -104,6 +106,9 @@ func Open(opts Options) (*Pool, error) {
 	if p.nodes, err = p.root.subdir(nodesDir); err != nil {
 		return nil, fmt.Errorf("pool %s: %w", p.Name, err)
 	}
+	if p.staged, err = p.root.subdir(stagedDir); err != nil {
+		return nil, fmt.Errorf("pool %s: %w", p.Name, err)
+	}
 	var m marker
 	err = p.root.readRecord(markerFile, &m, maxSmallRecordBytes)
 	switch {
@@ -138,6 +143,9 @@ func (p *Pool) Check() error {
 	if err := p.nodes.sameAs(p.root, nodesDir); err != nil {
 		return fmt.Errorf("pool %s: %w", p.Name, err)
 	}
+	if err := p.staged.sameAs(p.root, stagedDir); err != nil {
+		return fmt.Errorf("pool %s: %w", p.Name, err)
+	}
 	name := probePrefix + strconv.FormatInt(time.Now().UnixNano(), 36)
 	fd, err := unix.Openat(p.vols.fd(), name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 	if err != nil {
@@ -170,5 +178,5 @@ func (p *Pool) own(id VolumeID) error {
 // Close releases the pool's directory descriptors. A driver keeps its pools
 // open for its lifetime; tests close them to unmount what holds them.
 func (p *Pool) Close() error {
-	return errors.Join(p.root.f.Close(), p.vols.f.Close(), p.nodes.f.Close())
+	return errors.Join(p.root.f.Close(), p.vols.f.Close(), p.nodes.f.Close(), p.staged.f.Close())
 }

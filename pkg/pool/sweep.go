@@ -107,7 +107,7 @@ func (p *Pool) Sweep(now time.Time, grace time.Duration) (SweepReport, error) {
 			}
 		}
 	}
-	for _, d := range []*dir{p.nodes, p.root} {
+	for _, d := range []*dir{p.nodes, p.staged, p.root} {
 		more, err := d.names()
 		if err != nil {
 			r.Errors = append(r.Errors, err)

@@ -318,3 +318,108 @@ func BenchmarkMove(b *testing.B) {
 		})
 	}
 }
+
+// TestMoveRefusedWhileStagedAfterForceDetach: a ControllerUnpublishVolume
+// while the node still has the volume staged and written (what a CO that
+// gives up on a node does, and fencing on purpose) leaves the volume
+// detached but written. A move then copied the image under the node's
+// writes: fsync'd data was lost, and the unstage of the old path failed.
+// The node's staged record refuses the move (FAILED_PRECONDITION naming
+// the node) until the node unstages; then it moves with every write.
+func TestMoveRefusedWhileStagedAfterForceDetach(t *testing.T) {
+	m := newMovePools(t, false)
+	cap := mountCap(snw, "ext4")
+	id := m.create(t, "pvc-forced", 64<<20, cap)
+	target := m.attach(t, id, cap)
+	write := func(name, text string) {
+		t.Helper()
+		if err := os.WriteFile(filepath.Join(target, name), []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if out, err := exec.Command("sync", "-f", filepath.Join(target, name)).CombinedOutput(); err != nil {
+			t.Fatalf("sync: %v: %s", err, out)
+		}
+	}
+	write("before", "written before the forced detach\n")
+	if _, err := m.ctrl.ControllerUnpublishVolume(bg(), &csi.ControllerUnpublishVolumeRequest{VolumeId: id, NodeId: "node-a"}); err != nil {
+		t.Fatalf("ControllerUnpublishVolume while staged: %v", err)
+	}
+	err := m.modify(id, "fast")
+	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "still staged on node node-a") {
+		t.Fatalf("moving a volume detached by force but still staged = %v, want FAILED_PRECONDITION saying it is still staged on node-a", err)
+	}
+	t.Logf("refused: %v", err)
+	// The node keeps writing, and nothing moved under it.
+	write("after", "written after the forced detach\n")
+	m.wantOnlyIn(t, id, "slow")
+	(&cluster{}).unpublishUnstage(t, m.node, m.kubelet, id)
+	if err := m.modify(id, "fast"); err != nil {
+		t.Fatalf("ControllerModifyVolume pool=fast once unstaged: %v", err)
+	}
+	m.wantOnlyIn(t, id, "fast")
+	target = m.attach(t, id, cap)
+	for name, want := range map[string]string{"before": "written before the forced detach\n", "after": "written after the forced detach\n"} {
+		if got, err := os.ReadFile(filepath.Join(target, name)); err != nil || string(got) != want {
+			t.Errorf("after the move %s reads %q, %v; want %q", name, got, err, want)
+		}
+	}
+	m.detach(t, id)
+	if _, err := m.ctrl.DeleteVolume(bg(), &csi.DeleteVolumeRequest{VolumeId: id}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestKilledWhileFrozenAfterAMove: as TestKilledWhileFrozen, for a volume
+// that was moved to another pool first. Its ID names its home pool, not the
+// pool its image and snapshot are in, and the restarted driver looked for
+// the frozen image by the ID alone: the filesystem stayed frozen, and
+// every write of the Pod hung.
+func TestKilledWhileFrozenAfterAMove(t *testing.T) {
+	m := newMovePools(t, false)
+	cap := mountCap(snw, "ext4")
+	id := m.create(t, "pvc-moved-frozen", 2*gib, cap)
+	if err := m.modify(id, "fast"); err != nil {
+		t.Fatalf("ControllerModifyVolume pool=fast: %v", err)
+	}
+	target := m.attach(t, id, cap)
+	// Data, so that the snapshot's copy takes a while.
+	if out, err := exec.Command("dd", "if=/dev/urandom", "of="+filepath.Join(target, "data"), "bs=4M", "count=384", "conv=fsync", "status=none").CombinedOutput(); err != nil {
+		t.Fatalf("dd: %v: %s", err, out)
+	}
+	staging, _ := paths(m.kubelet, filepath.Base(id))
+	done := make(chan error, 1)
+	go func() {
+		_, err := m.ctrl.CreateSnapshot(bg(), &csi.CreateSnapshotRequest{Name: "snap-moved-frozen", SourceVolumeId: id})
+		done <- err
+	}()
+	// The snapshot is made where the volume lives now: fast.
+	for found := false; !found; {
+		for _, name := range poolEntries(t, m.fast) {
+			found = found || (strings.HasPrefix(name, "snap-") && strings.HasSuffix(name, ".json"))
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("CreateSnapshot finished (%v) before the test saw its record", err)
+		case <-time.After(time.Millisecond):
+		}
+	}
+	m.d.Kill()
+	<-done
+	if !isFrozen(t, staging) {
+		t.Skip("the copy finished before the kill; nothing was left frozen")
+	}
+	m.start(t)
+	if isFrozen(t, staging) {
+		t.Fatal("the restarted driver left the moved volume frozen")
+	}
+	if err := os.WriteFile(filepath.Join(target, "after"), []byte("writable\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.ctrl.CreateSnapshot(bg(), &csi.CreateSnapshotRequest{Name: "snap-moved-frozen", SourceVolumeId: id}); err != nil {
+		t.Fatalf("retried CreateSnapshot: %v", err)
+	}
+	if isFrozen(t, staging) {
+		t.Fatal("frozen after the retried snapshot")
+	}
+	m.detach(t, id)
+}
