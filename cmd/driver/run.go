@@ -135,7 +135,7 @@ func run(ctx context.Context, cfg *config, listen listenFunc) error {
 }
 
 // errNotReady is what /healthz answers while Probe is not ready.
-var errNotReady = errors.New("not ready: a pool is not usable (see the driver log)")
+var errNotReady = errors.New("not ready: no pool is usable (see the driver log)")
 
 // ready is the check of /healthz: the Identity service's Probe.
 func ready(ctx context.Context, identity *controller.Identity) error {

@@ -60,11 +60,11 @@ func (s *Server) createVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 	// decides (return the existing volume, or create one) rests on records
 	// read under those locks, so two processes never both create it, and
 	// an image another process returned is never replaced.
-	unlockAll, err := s.lockName(req.GetName())
+	names, err := s.lockName(req.GetName())
 	if err != nil {
 		return nil, err
 	}
-	defer unlockAll()
+	defer names.unlock()
 
 	logger := klog.FromContext(ctx)
 	if p, v, err := s.findByName(req.GetName()); err != nil {
@@ -80,7 +80,10 @@ func (s *Server) createVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 	var p *pool.Pool
 	if src != nil {
 		p = src.pool
-	} else if p, err = s.choosePool(req, mut.pool, size); err != nil {
+		if err := names.refused[p.Name]; err != nil {
+			return nil, volspec.Errorf(volspec.ErrNoSpace, "the source of volume %q is in pool %s, which cannot take new volumes now: %v", req.GetName(), p.Name, err)
+		}
+	} else if p, err = s.choosePool(req, mut.pool, size, names.refused); err != nil {
 		return nil, err
 	}
 	// The pool re-checks the space under its pool lock, with the
@@ -106,30 +109,57 @@ func (s *Server) createVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 // without waiting: ErrBusy (ABORTED) if any is held, by this process or
 // another. One lock per pool, because the volume's ID depends on the pool
 // it lands in.
-func (s *Server) lockName(name string) (func(), error) {
+func (s *Server) lockName(name string) (*nameLocks, error) {
 	return s.lockInEveryPool(func(p *pool.Pool) (pool.Unlock, error) { return p.Lock(pool.DeriveVolumeID(p.Name, name)) })
 }
 
-// lockInEveryPool takes lock in every pool, in name order, and returns
-// what releases them all, last first; a lock it cannot take releases the
-// ones it holds and is the error. The lock of a name (volume, snapshot,
-// group) is one per pool, since the ID depends on the pool.
-func (s *Server) lockInEveryPool(lock func(*pool.Pool) (pool.Unlock, error)) (func(), error) {
-	var held []pool.Unlock
-	release := func() {
-		for i := len(held) - 1; i >= 0; i-- {
-			held[i]()
-		}
+// nameLocks are the locks of one name (volume, snapshot, group) taken in
+// every pool, but for the pools in refused.
+type nameLocks struct {
+	held []pool.Unlock
+	// refused are the pools whose filesystem refused to create the
+	// name's lock file (pool.ErrUnwritable), with why: the call may read
+	// what they hold of the name but must make, change or remove nothing
+	// there.
+	refused map[string]error
+}
+
+// unlock releases the locks, last first.
+func (l *nameLocks) unlock() {
+	for i := len(l.held) - 1; i >= 0; i-- {
+		l.held[i]()
 	}
+}
+
+// lockInEveryPool takes lock in every pool, in name order; a lock it
+// cannot take releases the ones it holds and is the error, except
+// pool.ErrUnwritable: such a pool is left out (nameLocks.refused), so that
+// one full or broken pool does not stop the names of every other.
+//
+// That keeps the locks' promise, that two calls of one name never both
+// create it. A call makes its object only in a pool whose lock it holds,
+// and a held lock's file exists: another call opens it whatever the
+// filesystem's state (pool.Lock falls back to a read-only descriptor) and
+// finds it held (ErrBusy), so the two never run at once. A pool left out
+// had no lock file of the name, so nobody held it, and this call makes
+// nothing there. The callers still read it (findInEveryPool, findByName),
+// so a name that exists there is found; a pool that cannot even be read
+// (EIO) fails the call then, since the name may be there.
+func (s *Server) lockInEveryPool(lock func(*pool.Pool) (pool.Unlock, error)) (*nameLocks, error) {
+	l := &nameLocks{refused: map[string]error{}}
 	for _, pn := range s.poolNames {
 		u, err := lock(s.pools[pn])
+		if errors.Is(err, pool.ErrUnwritable) {
+			l.refused[pn] = err
+			continue
+		}
 		if err != nil {
-			release()
+			l.unlock()
 			return nil, err
 		}
-		held = append(held, u)
+		l.held = append(l.held, u)
 	}
-	return release, nil
+	return l, nil
 }
 
 // findInEveryPool reads the record of a name in each pool, in name order,
@@ -204,7 +234,10 @@ func compatible(p *pool.Pool, v *pool.Volume, req *csi.CreateVolumeRequest, shap
 // choosePool picks the pool for a new volume: the "pool" parameter or
 // mutable parameter (poolName) if given, else the pools in the zones of the preferred segments (in order), then of
 // the requisite ones, then any; among equals the one with most space.
-func (s *Server) choosePool(req *csi.CreateVolumeRequest, poolName string, size int64) (*pool.Pool, error) {
+//
+// A pool in refused cannot take new volumes (lockInEveryPool); when no
+// other pool fits, the answer is RESOURCE_EXHAUSTED with its reason.
+func (s *Server) choosePool(req *csi.CreateVolumeRequest, poolName string, size int64, refused map[string]error) (*pool.Pool, error) {
 	candidates := s.poolNames
 	if name, ok := req.GetParameters()[ParameterPool]; ok || poolName != "" {
 		name = cmp.Or(name, poolName)
@@ -232,10 +265,14 @@ func (s *Server) choosePool(req *csi.CreateVolumeRequest, poolName string, size 
 	var best *pool.Pool
 	bestRank, bestAvail := 0, int64(-1)
 	var total int64
-	var lastErr error
+	var lastErr, refusal error
 	for _, name := range candidates {
 		p := s.pools[name]
 		if !allowed(p) {
+			continue
+		}
+		if err := refused[name]; err != nil {
+			refusal = fmt.Errorf("pool %s cannot take new volumes now: %w", name, err)
 			continue
 		}
 		u, err := p.Usage()
@@ -256,6 +293,8 @@ func (s *Server) choosePool(req *csi.CreateVolumeRequest, poolName string, size 
 		return best, nil
 	case lastErr != nil:
 		return nil, lastErr
+	case refusal != nil:
+		return nil, volspec.Errorf(volspec.ErrNoSpace, "no pool can take %d bytes: %v", size, refusal)
 	case total == 0:
 		return nil, volspec.Errorf(volspec.ErrNoSpace, "no pool in the accessible topology %v can hold the volume", tr.GetRequisite())
 	case size > total:

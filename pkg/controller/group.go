@@ -116,11 +116,11 @@ func (s *Server) createGroup(ctx context.Context, req *csi.CreateVolumeGroupSnap
 		return nil, volspec.Errorf(volspec.ErrBusy, "a CreateVolumeGroupSnapshot for %q is in progress", name)
 	}
 	defer unlock()
-	unlockAll, err := s.lockGroupName(name)
+	names, err := s.lockGroupName(name)
 	if err != nil {
 		return nil, err
 	}
-	defer unlockAll()
+	defer names.unlock()
 	q, g, err := s.findGroupByName(name)
 	if err != nil {
 		return nil, err
@@ -130,6 +130,13 @@ func (s *Server) createGroup(ctx context.Context, req *csi.CreateVolumeGroupSnap
 			return nil, volspec.Errorf(volspec.ErrExists, "group snapshot %q exists as %s, of volumes %s", name, g.ID, strings.Join(g.SourceVolumeIDs, ", "))
 		}
 		return s.groupAnswer(q, g)
+	}
+	// What follows makes or removes the name's files in p (and q).
+	if err := names.refused[p.Name]; err != nil {
+		return nil, volspec.Errorf(volspec.ErrNoSpace, "the volumes of group snapshot %q live in pool %s, which cannot take it now: %v", name, p.Name, err)
+	}
+	if g != nil && names.refused[q.Name] != nil {
+		return nil, volspec.Errorf(volspec.ErrNoSpace, "group snapshot %q was half-made in pool %s, which cannot remove it now: %v", name, q.Name, names.refused[q.Name])
 	}
 	if g != nil {
 		// Half-made by a call that died: its members were not taken at
@@ -228,7 +235,7 @@ func (s *Server) cloneMembers(ctx context.Context, p *pool.Pool, gid pool.GroupI
 
 // lockGroupName takes the group lock of name in every pool, without
 // waiting, as lockSnapshotName does.
-func (s *Server) lockGroupName(name string) (func(), error) {
+func (s *Server) lockGroupName(name string) (*nameLocks, error) {
 	return s.lockInEveryPool(func(p *pool.Pool) (pool.Unlock, error) { return p.LockGroup(pool.DeriveGroupID(p.Name, name)) })
 }
 

@@ -46,14 +46,20 @@ func (i *Identity) GetPluginCapabilities(context.Context, *csi.GetPluginCapabili
 	return &csi.GetPluginCapabilitiesResponse{Capabilities: caps}, nil
 }
 
-// Probe is ready only while every pool is usable: its directory carries our
-// marker and accepts writes.
+// Probe is ready while at least one pool is usable (its directory carries
+// our marker and accepts writes), or there is none: a pool that is full or
+// broken fails only its own volumes' calls (a name's locks leave it out,
+// lockInEveryPool), so it must not take the whole plugin, and with it the
+// sidecar, out of service. Each unusable pool is logged here, reported in
+// loopvol_pool_usable and in NodeGetStorageHealth.
 func (i *Identity) Probe(ctx context.Context, _ *csi.ProbeRequest) (*csi.ProbeResponse, error) {
+	usable := 0
 	for _, p := range i.pools {
 		if err := p.Check(); err != nil {
 			klog.FromContext(ctx).Error(err, "Pool is not usable", "pool", p.Name)
-			return &csi.ProbeResponse{Ready: wrapperspb.Bool(false)}, nil
+			continue
 		}
+		usable++
 	}
-	return &csi.ProbeResponse{Ready: wrapperspb.Bool(true)}, nil
+	return &csi.ProbeResponse{Ready: wrapperspb.Bool(usable > 0 || len(i.pools) == 0)}, nil
 }

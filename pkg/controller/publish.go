@@ -117,6 +117,14 @@ func checkSharing(v *pool.Volume, mode string, readOnly bool) error {
 // written. A pool the node does not serve gets no attachment to it (publish
 // refuses it), so it needs no lock. Volume locks are only tried, never
 // waited for, so holding one while waiting here cannot deadlock.
+//
+// A pool whose filesystem refuses to create the node's lock file
+// (pool.ErrUnwritable) is left out, so that one full pool does not stop
+// the publishes of every other. The count stays true: a lock this call
+// holds has its file, which every other publish to the node opens and
+// waits for whatever its filesystem's state, so no two of them count at
+// once; and the lock left out had no file, so nobody held it. That needs
+// one lock held: when every pool refuses, the refusal is the error.
 func (s *Server) lockNode(ctx context.Context, node string) (func(), error) {
 	ctx, cancel := context.WithTimeout(ctx, pool.NodeLockWait)
 	defer cancel()
@@ -126,17 +134,26 @@ func (s *Server) lockNode(ctx context.Context, node string) (func(), error) {
 			held[i]()
 		}
 	}
+	var refused error
 	for _, name := range s.poolNames {
 		p := s.pools[name]
 		if !p.HasNode(node) {
 			continue
 		}
 		unlock, err := p.LockNode(ctx, node)
+		if errors.Is(err, pool.ErrUnwritable) {
+			klog.FromContext(ctx).Error(err, "Counting the node's attachments without its lock in a pool that refuses writes", "pool", p.Name, "node", node)
+			refused = err
+			continue
+		}
 		if err != nil {
 			release()
 			return nil, err
 		}
 		held = append(held, unlock)
+	}
+	if len(held) == 0 && refused != nil {
+		return nil, refused
 	}
 	return release, nil
 }

@@ -78,19 +78,25 @@ func (s *Server) createSnapshot(ctx context.Context, req *csi.CreateSnapshotRequ
 		return nil, volspec.Errorf(volspec.ErrBusy, "a CreateSnapshot for %q is in progress", req.GetName())
 	}
 	defer unlock()
-	unlockAll, err := s.lockSnapshotName(req.GetName())
+	names, err := s.lockSnapshotName(req.GetName())
 	if err != nil {
 		return nil, err
 	}
-	defer unlockAll()
+	defer names.unlock()
 	q, found, err := s.findSnapshotByName(req.GetName())
 	if err != nil {
 		return nil, err
 	} else if found != nil && found.SourceVolumeID != srcID.String() {
 		return nil, volspec.Errorf(volspec.ErrExists, "snapshot %q exists as %s, of volume %s", req.GetName(), found.ID, found.SourceVolumeID)
-	} else if found != nil && found.ReadyToUse && q != p {
-		// Taken before its volume moved: it stays in its pool.
+	} else if found != nil && found.ReadyToUse && (q != p || names.refused[p.Name] != nil) {
+		// Taken before its volume moved: it stays in its pool. Or
+		// whole in a pool that refuses writes now: read, not changed.
 		return &csi.CreateSnapshotResponse{Snapshot: csiSnapshot(q, found)}, nil
+	} else if err := names.refused[p.Name]; err != nil {
+		// Anything else makes or removes the name's files in p.
+		return nil, volspec.Errorf(volspec.ErrNoSpace, "volume %s lives in pool %s, which cannot take its snapshot now: %v", srcID, p.Name, err)
+	} else if found != nil && q != p && names.refused[q.Name] != nil {
+		return nil, volspec.Errorf(volspec.ErrNoSpace, "snapshot %q was half-made in pool %s, which cannot remove it now: %v", req.GetName(), q.Name, names.refused[q.Name])
 	} else if found != nil && q != p {
 		// Half-made before the volume moved: made again where the
 		// volume is now (its snapshot lock is held in every pool).
@@ -143,7 +149,7 @@ func (s *Server) createSnapshot(ctx context.Context, req *csi.CreateSnapshotRequ
 
 // lockSnapshotName takes the snapshot lock of name in every pool, in name
 // order, without waiting, as lockName does for volumes.
-func (s *Server) lockSnapshotName(name string) (func(), error) {
+func (s *Server) lockSnapshotName(name string) (*nameLocks, error) {
 	return s.lockInEveryPool(func(p *pool.Pool) (pool.Unlock, error) { return p.LockSnapshot(pool.DeriveSnapshotID(p.Name, name)) })
 }
 

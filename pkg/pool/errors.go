@@ -31,6 +31,11 @@ var (
 	// ErrGuest: the record under this pool's ID is of another pool's
 	// volume that was moved here (same hash): no volume of this ID.
 	ErrGuest = errors.New("record is of a volume moved here from another pool")
+	// ErrUnwritable: the pool's filesystem refuses to create a file (it is
+	// full, over quota, read-only or failing), so the pool can take no new
+	// volume, snapshot or lock file until that is mended. What exists in it
+	// can still be read.
+	ErrUnwritable = errors.New("pool filesystem refuses writes")
 	// ErrTooLarge: a record would exceed MaxRecordBytes.
 	ErrTooLarge = errors.New("record too large")
 )

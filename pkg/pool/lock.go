@@ -21,7 +21,10 @@ type Unlock func()
 // ABORTED: the caller retries later, as the CSI spec asks. Every decision
 // that depends on a volume's record reads the record after Lock returns.
 // A volume's lock is its home pool's (the one its ID names), wherever it
-// lives (move.go): another pool's ID is refused (ErrNotFound).
+// lives (move.go): another pool's ID is refused (ErrNotFound). A lock file
+// the pool's filesystem refuses to create (it is full, read-only, failing)
+// gives ErrUnwritable: nobody holds that lock, and nothing can be made in
+// the pool under it.
 func (p *Pool) Lock(id VolumeID) (Unlock, error) {
 	if id.Pool != p.Name {
 		return nil, fmt.Errorf("volume %s is not of pool %s, and is locked in its own: %w", id, p.Name, ErrNotFound)
@@ -97,6 +100,18 @@ func (p *Pool) exists(name string) bool {
 func (p *Pool) flock(d *dir, name string) (*os.File, error) {
 	for attempt := 0; attempt < 3; attempt++ {
 		fd, err := unix.Openat(d.fd(), name, unix.O_RDWR|unix.O_CREAT|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0o640)
+		if refusesWrites(err) {
+			// A full, read-only or failing filesystem: a lock file that
+			// exists is locked all the same through a read-only
+			// descriptor (flock needs no write access), so a lock held
+			// by another process is still ErrBusy. One that does not
+			// exist is held by nobody and cannot be made: ErrUnwritable.
+			created := err
+			fd, err = unix.Openat(d.fd(), name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+			if errors.Is(err, unix.ENOENT) || refusesWrites(err) {
+				return nil, fmt.Errorf("create lock %s/%s: %w: %w", d.path, name, created, ErrUnwritable)
+			}
+		}
 		if err != nil {
 			return nil, fmt.Errorf("open lock %s/%s: %w", d.path, name, err)
 		}
@@ -124,6 +139,12 @@ func (p *Pool) flock(d *dir, name string) (*os.File, error) {
 		f.Close()
 	}
 	return nil, fmt.Errorf("lock file %s/%s keeps changing: %w", d.path, name, ErrBusy)
+}
+
+// refusesWrites says whether err is a filesystem's refusal to write (full,
+// over quota, read-only, failing), which ErrUnwritable reports.
+func refusesWrites(err error) bool {
+	return errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.EDQUOT) || errors.Is(err, unix.EROFS) || errors.Is(err, unix.EIO)
 }
 
 // removeLockFile unlinks the lock file of a deleted volume; the caller holds
@@ -205,7 +226,8 @@ const NodeLockWait = 30 * time.Second
 // all succeed), until ctx ends or for NodeLockWait at most; then it answers
 // ErrBusy. Callers that lock a node in several pools take the pools in
 // one order, by name. The lock file stays with the node record, which is
-// never removed either.
+// never removed either; one the pool's filesystem refuses to create gives
+// ErrUnwritable (see Lock).
 func (p *Pool) LockNode(ctx context.Context, node string) (Unlock, error) {
 	if err := ValidateNodeID(node); err != nil {
 		return nil, err

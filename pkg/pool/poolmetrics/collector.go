@@ -18,6 +18,13 @@ type Usage struct {
 	// CowReserveBytes are kept for the copy-on-write of blocks volumes
 	// share with snapshots and clones (pool.Usage).
 	CowReserveBytes int64
+	// Usable says the pool passed its check (pool.Check: marker, and a
+	// file can be created in it); a full or broken pool cannot take new
+	// volumes, snapshots or attachments' locks.
+	Usable bool
+	// Unmeasured says the pool's space could not be read: only
+	// loopvol_pool_usable is reported for it.
+	Unmeasured bool
 }
 
 var (
@@ -27,6 +34,8 @@ var (
 		"Bytes new volumes may still get in the pool: free space minus space promised to sparse images, minus the copy-on-write reserve, minus the reserve.", []string{"pool", "zone"}, nil)
 	poolCowReserveDesc = prometheus.NewDesc("loopvol_pool_cow_reserve_bytes",
 		"Bytes kept out of the pool's available space for copy-on-write: the blocks volume images share with reflinked snapshots and clones, which a volume needs again when it writes over them.", []string{"pool", "zone"}, nil)
+	poolUsableDesc = prometheus.NewDesc("loopvol_pool_usable",
+		"1 while the pool is usable (its marker is there and a file can be created in it), 0 while it is full, read-only or broken: its volumes cannot be created, snapshotted or attached then, and the other pools are served all the same.", []string{"pool", "zone"}, nil)
 	poolOrphanImagesDesc = prometheus.NewDesc("loopvol_pool_orphan_images",
 		"Images in the pool without a volume record: left by a create that died (reclaimed after a grace if they hold no data) or a volume whose record was lost (kept).", []string{"pool", "zone"}, nil)
 	poolOrphanBytesDesc = prometheus.NewDesc("loopvol_pool_orphan_bytes",
@@ -48,11 +57,20 @@ func (c Collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- poolCowReserveDesc
 	ch <- poolOrphanImagesDesc
 	ch <- poolOrphanBytesDesc
+	ch <- poolUsableDesc
 }
 
 // Collect implements prometheus.Collector.
 func (c Collector) Collect(ch chan<- prometheus.Metric) {
 	for _, u := range c.Usage() {
+		usable := 0.0
+		if u.Usable {
+			usable = 1
+		}
+		ch <- prometheus.MustNewConstMetric(poolUsableDesc, prometheus.GaugeValue, usable, u.Pool, u.Zone)
+		if u.Unmeasured {
+			continue
+		}
 		ch <- prometheus.MustNewConstMetric(poolSizeDesc, prometheus.GaugeValue, float64(u.SizeBytes), u.Pool, u.Zone)
 		ch <- prometheus.MustNewConstMetric(poolAvailableDesc, prometheus.GaugeValue, float64(u.AvailableBytes), u.Pool, u.Zone)
 		ch <- prometheus.MustNewConstMetric(poolCowReserveDesc, prometheus.GaugeValue, float64(u.CowReserveBytes), u.Pool, u.Zone)
@@ -61,17 +79,20 @@ func (c Collector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// Measure measures the pools now, for Collector.Usage. A pool that cannot
-// be measured is left out (its health check reports why).
+// Measure checks and measures the pools now, for Collector.Usage. A pool
+// that cannot be measured is reported unmeasured (its health check and the
+// driver's log say why).
 func Measure(pools []*pool.Pool) []Usage {
 	var out []Usage
 	for _, p := range pools {
+		usable := p.Check() == nil
 		u, err := p.Usage()
 		if err != nil {
+			out = append(out, Usage{Pool: p.Name, Zone: p.Zone, Usable: usable, Unmeasured: true})
 			continue
 		}
 		out = append(out, Usage{Pool: p.Name, Zone: p.Zone, SizeBytes: u.TotalBytes, AvailableBytes: u.AvailableBytes,
-			OrphanImages: u.OrphanImages, OrphanBytes: u.OrphanBytes, CowReserveBytes: u.CowReserveBytes})
+			OrphanImages: u.OrphanImages, OrphanBytes: u.OrphanBytes, CowReserveBytes: u.CowReserveBytes, Usable: usable})
 	}
 	return out
 }

@@ -37,13 +37,17 @@ const (
 	sizeHelp = `# HELP loopvol_pool_size_bytes Size of the filesystem that holds the pool.
 # TYPE loopvol_pool_size_bytes gauge
 `
+	usableHelp = `# HELP loopvol_pool_usable 1 while the pool is usable (its marker is there and a file can be created in it), 0 while it is full, read-only or broken: its volumes cannot be created, snapshotted or attached then, and the other pools are served all the same.
+# TYPE loopvol_pool_usable gauge
+`
 )
 
 func TestCollector(t *testing.T) {
 	c := Collector{Usage: func() []Usage {
 		return []Usage{
-			{Pool: "a", Zone: "z1", SizeBytes: 1000, AvailableBytes: 400, OrphanImages: 2, OrphanBytes: 300, CowReserveBytes: 100},
+			{Pool: "a", Zone: "z1", SizeBytes: 1000, AvailableBytes: 400, OrphanImages: 2, OrphanBytes: 300, CowReserveBytes: 100, Usable: true},
 			{Pool: "b", Zone: "z2", SizeBytes: 50, AvailableBytes: 50},
+			{Pool: "c", Zone: "z2", Unmeasured: true},
 		}
 	}}
 	gather(t, c, availableHelp+`loopvol_pool_available_bytes{pool="a",zone="z1"} 400
@@ -56,6 +60,9 @@ loopvol_pool_orphan_bytes{pool="b",zone="z2"} 0
 loopvol_pool_orphan_images{pool="b",zone="z2"} 0
 `+sizeHelp+`loopvol_pool_size_bytes{pool="a",zone="z1"} 1000
 loopvol_pool_size_bytes{pool="b",zone="z2"} 50
+`+usableHelp+`loopvol_pool_usable{pool="a",zone="z1"} 1
+loopvol_pool_usable{pool="b",zone="z2"} 0
+loopvol_pool_usable{pool="c",zone="z2"} 0
 `)
 }
 
