@@ -162,6 +162,9 @@ func TestKilledWhileFrozen(t *testing.T) {
 		t.Fatalf("dd: %v: %s", err, out)
 	}
 	staging, _ := paths(s.kubelet, filepath.Base(src.GetVolumeId()))
+	// A failure leaves the filesystem frozen: thawed before the unmounts
+	// of the pool's cleanup (which runs after this one).
+	t.Cleanup(func() { exec.Command("fsfreeze", "-u", staging).Run() })
 	done := make(chan error, 1)
 	go func() {
 		_, err := s.ctrl.CreateSnapshot(bg(), &csi.CreateSnapshotRequest{Name: "snap-frozen", SourceVolumeId: src.GetVolumeId()})

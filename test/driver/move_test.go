@@ -387,6 +387,10 @@ func TestKilledWhileFrozenAfterAMove(t *testing.T) {
 		t.Fatalf("dd: %v: %s", err, out)
 	}
 	staging, _ := paths(m.kubelet, filepath.Base(id))
+	// A failure leaves the filesystem frozen: thawed before the unmounts
+	// of newMovePools' cleanup (which runs after this one), or its loop
+	// device would outlive the test.
+	t.Cleanup(func() { exec.Command("fsfreeze", "-u", staging).Run() })
 	done := make(chan error, 1)
 	go func() {
 		_, err := m.ctrl.CreateSnapshot(bg(), &csi.CreateSnapshotRequest{Name: "snap-moved-frozen", SourceVolumeId: id})
