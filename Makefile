@@ -196,7 +196,7 @@ demo: static ##@ A real cluster (NODES=1..8, default 1), loopvol deployed with k
 # one-node cluster in a network namespace of its own.
 E2E_K8S_IMAGES := agnhost,nginx,glibc-dns-testing,hello-populator
 
-.PHONY: e2e-k8s-tools e2e-k8s-images test-e2e-k8s test-e2e-k8s-rest
+.PHONY: e2e-k8s-tools e2e-k8s-images test-e2e-k8s test-e2e-k8s-rest test-e2e-k8s-two-nodes
 
 e2e-k8s-tools: cluster-tools ##@ Build e2e.test, ginkgo, agnhost and hello-populator into bin/ (e2e.test ~10 minutes cold; cached).
 	@echo "### e2e-k8s-tools"
@@ -210,6 +210,12 @@ e2e-k8s-images: cluster-images e2e-k8s-tools ##@ make cluster-images plus the su
 test-e2e-k8s: e2e-k8s-images ##@ The storage e2e suite's External.Storage specs but Serial, Disruptive and Slow, on a real cluster (root; E2E_K8S_FOCUS/E2E_K8S_SKIP narrow it).
 	@echo "### test-e2e-k8s"
 	$(GO) test -count=1 -timeout 150m -v ./test/e2e-k8s/ 2>&1 | tee $(BIN)/e2e-k8s.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|e2e-k8s:)|e2e_test.go|nodessh_test.go|cluster: (up|down)|^ *\|' ; exit $${PIPESTATUS[0]}
+
+# Not in make test: two more clusters and ~10 minutes, past the CI budget
+# (docs/e2e-k8s.md "On two nodes").
+test-e2e-k8s-two-nodes: e2e-k8s-images ##@ The suite's specs that need two nodes or two topologies, on two-node clusters: a shared pool, a pool per node (root).
+	@echo "### test-e2e-k8s-two-nodes"
+	E2E_K8S_NODES=2 $(GO) test -count=1 -timeout 90m -v -run TestExternalStorageTwoNodes ./test/e2e-k8s/ 2>&1 | tee $(BIN)/e2e-k8s-two-nodes.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|e2e-k8s:)|e2e_test.go|twonodes_test.go|cluster: (up|down)|^ *\|' ; exit $${PIPESTATUS[0]}
 
 test-e2e-k8s-rest: e2e-k8s-images ##@ The same suite's Serial, Disruptive and Slow External.Storage specs (root).
 	@echo "### test-e2e-k8s-rest"

@@ -51,6 +51,9 @@ var images = []string{
 // against test-driver.yaml, and reports each spec group's passed, failed
 // and skipped specs with the skip reasons. It fails if any spec failed.
 func TestExternalStorage(t *testing.T) {
+	if os.Getenv(nodesEnv) == "2" {
+		t.Skipf("%s=2: TestExternalStorageTwoNodes runs instead", nodesEnv)
+	}
 	focus, skip, err := selection()
 	if err != nil {
 		t.Fatal(err)
@@ -122,24 +125,50 @@ func TestExternalStorage(t *testing.T) {
 		t.Fatalf("delete the VolumeAttributesClass policy binding: %v\n%s", err, o)
 	}
 
+	report := reportDir(t, c)
+	// The disruptive specs restart kubelet over SSH (nodessh_test.go).
+	t.Setenv("KUBE_SSH_KEY_PATH", startNodeSSH(t, c, net.JoinHostPort(cluster.NetNSNodeIP(), "22"), report))
+	t.Setenv("KUBE_SSH_USER", "root")
+	runSuite(ctx, t, c, root, bin, filepath.Join(root, "test", "e2e-k8s", "test-driver.yaml"), plan(os.Getenv(suiteEnv), focus, skip, procs(t)))
+}
+
+// reportDir is where e2e.test writes its logs and JUnit reports: under the
+// cluster's log directory, kept after the test.
+func reportDir(t *testing.T, c *cluster.Cluster) string {
+	t.Helper()
 	report := filepath.Join(c.LogDir, "e2e-k8s")
 	if err := os.MkdirAll(report, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	// The disruptive specs restart kubelet over SSH (nodessh_test.go).
-	t.Setenv("KUBE_SSH_KEY_PATH", startNodeSSH(t, c, net.JoinHostPort(cluster.NetNSNodeIP(), "22"), report))
-	t.Setenv("KUBE_SSH_USER", "root")
-	procs := 4
-	if p := os.Getenv(procsEnv); p != "" {
-		if procs, err = strconv.Atoi(p); err != nil || procs < 1 {
-			t.Fatalf("%s=%q: want a number of processes", procsEnv, p)
-		}
+	return report
+}
+
+// procs is E2E_K8S_PROCS, 4 when unset.
+func procs(t *testing.T) int {
+	t.Helper()
+	p := os.Getenv(procsEnv)
+	if p == "" {
+		return 4
 	}
+	n, err := strconv.Atoi(p)
+	if err != nil || n < 1 {
+		t.Fatalf("%s=%q: want a number of processes", procsEnv, p)
+	}
+	return n
+}
+
+// runSuite runs e2e.test's passes against the driver described by
+// driverFile on c, and reports each spec group's passed, failed and
+// skipped specs with the skip reasons. It fails t if any spec failed, or
+// none passed.
+func runSuite(ctx context.Context, t *testing.T, c *cluster.Cluster, root, bin, driverFile string, passes []pass) {
+	t.Helper()
+	report := reportDir(t, c)
 	var (
 		runErr  error
 		elapsed []string
 	)
-	for _, p := range plan(os.Getenv(suiteEnv), focus, skip, procs) {
+	for _, p := range passes {
 		args := []string{
 			// ginkgo's own flags: the specs in parallel processes (Serial
 			// ones alone at the end), the selection, no limit short of the
@@ -160,7 +189,7 @@ func TestExternalStorage(t *testing.T) {
 			// The suite looks for pods' volumes under kubelet's directory
 			// (through a host-exec pod), which is the cluster's own.
 			"-kubelet-root-dir=" + c.KubeletDir,
-			"-storage.testdriver=" + filepath.Join(root, "test", "e2e-k8s", "test-driver.yaml"),
+			"-storage.testdriver=" + driverFile,
 			// test-driver.yaml names its VolumeAttributesClass file relative
 			// to the repository.
 			"-repo-root=" + root,
@@ -190,7 +219,7 @@ func TestExternalStorage(t *testing.T) {
 		t.Fatal(err)
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "e2e.test ran %s: focus %q, skip %q\n\n", strings.Join(elapsed, ", then "), focus, skip)
+	fmt.Fprintf(&b, "e2e.test ran %s: focus %q, skip %q\n\n", strings.Join(elapsed, ", then "), passes[0].focus, passes[0].skip)
 	table(&b, specs)
 	for _, o := range []outcome{failed, skipped} {
 		if rs := reasons(specs, o); len(rs) > 0 {
