@@ -6,6 +6,8 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/loopvol/loopvol/internal/harness/testfs"
 )
 
 // reflinkPool opens a pool on a fresh xfs of size bytes (mkfs.xfs makes it
@@ -18,7 +20,7 @@ func reflinkPool(t *testing.T, size int64) *Pool {
 	root := t.TempDir()
 	mnt := filepath.Join(root, "mnt")
 	must(t, os.Mkdir(mnt, 0o700))
-	mountXFS(t, filepath.Join(root, "xfs.img"), mnt, size)
+	testfs.MountReflinkXFS(t, filepath.Join(root, "xfs.img"), mnt, size)
 	p, err := Open(Options{Name: "cow", Zone: "z1", Path: filepath.Join(mnt, "pool")})
 	if err != nil {
 		t.Fatal(err)

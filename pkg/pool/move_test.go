@@ -5,12 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/loopvol/loopvol/internal/harness/testfs"
 )
 
 // movePools opens pools a, b and c of zone z1 and d of zone z2 under one
@@ -356,7 +357,7 @@ func TestMoveAcrossFilesystems(t *testing.T) {
 	t.Cleanup(func() { a.Close() })
 	mnt := filepath.Join(root, "xfs")
 	must(t, os.MkdirAll(mnt, 0o750))
-	mountXFS(t, filepath.Join(root, "xfs.img"), mnt, 320<<20)
+	testfs.MountReflinkXFS(t, filepath.Join(root, "xfs.img"), mnt, 320<<20)
 	b, err := Open(Options{Name: "b", Zone: "z1", Path: filepath.Join(mnt, "b")})
 	if err != nil {
 		t.Fatal(err)
@@ -408,32 +409,6 @@ func TestMoveCopyFailureRollsBack(t *testing.T) {
 	if names, _ := b.vols.names(); len(names) != 0 {
 		t.Fatalf("the failed copy left %v in the target", names)
 	}
-}
-
-// mountXFS makes an xfs of size bytes in the file image and mounts it on
-// dir (a loop device, which the unmount releases) until the test ends.
-func mountXFS(t *testing.T, image, dir string, size int64) {
-	t.Helper()
-	f, err := os.Create(image)
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = f.Truncate(size)
-	f.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if out, err := exec.Command("mkfs.xfs", "-q", image).CombinedOutput(); err != nil {
-		t.Fatalf("mkfs.xfs %s: %v: %s", image, err, out)
-	}
-	if out, err := exec.Command("mount", "-o", "loop", image, dir).CombinedOutput(); err != nil {
-		t.Fatalf("mount %s: %v: %s", image, err, out)
-	}
-	t.Cleanup(func() {
-		if out, err := exec.Command("umount", dir).CombinedOutput(); err != nil {
-			t.Errorf("umount %s: %v: %s", dir, err, out)
-		}
-	})
 }
 
 // TestMoveClearsTheTarget: what a dead CreateVolume of the same name left

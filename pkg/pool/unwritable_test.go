@@ -2,13 +2,12 @@ package pool
 
 import (
 	"errors"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
-	"syscall"
 	"testing"
+
+	"github.com/loopvol/loopvol/internal/harness/testfs"
 )
 
 // TestLockInUnwritablePool: a pool on a small real filesystem that another
@@ -27,7 +26,7 @@ func TestLockInUnwritablePool(t *testing.T) {
 	if err := os.Mkdir(fs, 0o750); err != nil {
 		t.Fatal(err)
 	}
-	mountSmallExt4(t, filepath.Join(dir, "fs.img"), fs)
+	testfs.MountSmallExt4(t, filepath.Join(dir, "fs.img"), fs)
 	open := func() *Pool {
 		p, err := Open(Options{Name: "a", Zone: "z1", Path: filepath.Join(fs, "pool")})
 		if err != nil {
@@ -54,7 +53,7 @@ func TestLockInUnwritablePool(t *testing.T) {
 		t.Fatal(err)
 	}
 	unlock()
-	fillToENOSPC(t, fs)
+	testfs.FillToENOSPC(t, fs)
 
 	check := func(state string) {
 		t.Helper()
@@ -85,56 +84,4 @@ func TestLockInUnwritablePool(t *testing.T) {
 		t.Fatalf("remount %s read-only: %v: %s", fs, err, out)
 	}
 	check("read-only")
-}
-
-// mountSmallExt4 makes a 16 MiB ext4 with few inodes in image and
-// loop-mounts it on dir until the test ends.
-func mountSmallExt4(t *testing.T, image, dir string) {
-	t.Helper()
-	if err := os.WriteFile(image, nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Truncate(image, 16<<20); err != nil {
-		t.Fatal(err)
-	}
-	if out, err := exec.Command("mkfs.ext4", "-q", "-N", "64", image).CombinedOutput(); err != nil {
-		t.Fatalf("mkfs.ext4 %s: %v: %s", image, err, out)
-	}
-	if out, err := exec.Command("mount", "-o", "loop", image, dir).CombinedOutput(); err != nil {
-		t.Fatalf("mount %s: %v: %s", image, err, out)
-	}
-	t.Cleanup(func() {
-		if out, err := exec.Command("umount", dir).CombinedOutput(); err != nil && !strings.Contains(string(out), "not mounted") {
-			t.Errorf("umount %s: %v: %s", dir, err, out)
-		}
-	})
-}
-
-// fillToENOSPC fills the filesystem mounted on dir as another writer
-// would, as root: one file until its blocks run out, then empty files until
-// its inodes do.
-func fillToENOSPC(t *testing.T, dir string) {
-	t.Helper()
-	f, err := os.Create(filepath.Join(dir, "filler"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	buf := make([]byte, 64<<10)
-	for err == nil {
-		_, err = f.Write(buf)
-	}
-	f.Close()
-	if !errors.Is(err, syscall.ENOSPC) {
-		t.Fatalf("filling %s: %v, want ENOSPC", dir, err)
-	}
-	for i := 0; ; i++ {
-		g, err := os.Create(filepath.Join(dir, fmt.Sprintf("filler-%d", i)))
-		if err != nil {
-			if !errors.Is(err, syscall.ENOSPC) {
-				t.Fatalf("filling the inodes of %s: %v, want ENOSPC", dir, err)
-			}
-			return
-		}
-		g.Close()
-	}
 }

@@ -2,11 +2,9 @@ package driver
 
 import (
 	"errors"
-	"fmt"
 	"io"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -16,6 +14,8 @@ import (
 	"github.com/loopvol/loopvol/test/internal/driverproc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/loopvol/loopvol/internal/harness/testfs"
 )
 
 // TestFullPoolAffectsOnlyItself: a pool on its own small loop-mounted
@@ -39,7 +39,7 @@ func TestFullPoolAffectsOnlyItself(t *testing.T) {
 		}
 	}
 	t.Cleanup(func() { forceCleanup(t, dir) })
-	mountSmallExt4(t, filepath.Join(dir, "fullfs.img"), fs)
+	testfs.MountSmallExt4(t, filepath.Join(dir, "fullfs.img"), fs)
 	full := filepath.Join(fs, "pool")
 	const addr = "127.0.0.1:39811"
 	d := driverproc.Start(t, filepath.Join(dir, "a"), "--mode=all", "--node-id=node-a", "--zone=z1",
@@ -63,7 +63,10 @@ func TestFullPoolAffectsOnlyItself(t *testing.T) {
 		t.Fatalf("CreateVolume in the healthy pool: %v", err)
 	}
 
-	fillToENOSPC(t, fs)
+	testfs.FillToENOSPC(t, fs)
+	if _, err := os.Create(filepath.Join(fs, "pool", "probe")); !errors.Is(err, syscall.ENOSPC) {
+		t.Fatalf("a file created in the filled pool: %v, want ENOSPC", err)
+	}
 
 	if resp, err := csi.NewIdentityClient(d.Conn).Probe(bg(), &csi.ProbeRequest{}); err != nil || !resp.GetReady().GetValue() {
 		t.Errorf("Probe with one pool full and one usable: ready=%v, %v; want ready", resp.GetReady().GetValue(), err)
@@ -101,61 +104,5 @@ func TestFullPoolAffectsOnlyItself(t *testing.T) {
 		if !strings.Contains(string(body), want+"\n") {
 			t.Errorf("metrics lack %q", want)
 		}
-	}
-}
-
-// mountSmallExt4 makes a 16 MiB ext4 with few inodes in image and
-// loop-mounts it on dir until the test ends.
-func mountSmallExt4(t *testing.T, image, dir string) {
-	t.Helper()
-	if err := os.WriteFile(image, nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Truncate(image, 16*mib); err != nil {
-		t.Fatal(err)
-	}
-	if out, err := exec.Command("mkfs.ext4", "-q", "-N", "64", image).CombinedOutput(); err != nil {
-		t.Fatalf("mkfs.ext4 %s: %v: %s", image, err, out)
-	}
-	if out, err := exec.Command("mount", "-o", "loop", image, dir).CombinedOutput(); err != nil {
-		t.Fatalf("mount %s: %v: %s", image, err, out)
-	}
-	t.Cleanup(func() {
-		if out, err := exec.Command("umount", dir).CombinedOutput(); err != nil && !strings.Contains(string(out), "not mounted") {
-			t.Errorf("umount %s: %v: %s", dir, err, out)
-		}
-	})
-}
-
-// fillToENOSPC fills the filesystem mounted on dir as another writer
-// would, as root (so into the blocks ext4 reserves for root): one file
-// until its blocks run out, then empty files until its inodes do, and
-// checks that no file can be created in it any more.
-func fillToENOSPC(t *testing.T, dir string) {
-	t.Helper()
-	f, err := os.Create(filepath.Join(dir, "filler"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	buf := make([]byte, 64<<10)
-	for err == nil {
-		_, err = f.Write(buf)
-	}
-	f.Close()
-	if !errors.Is(err, syscall.ENOSPC) {
-		t.Fatalf("filling %s: %v, want ENOSPC", dir, err)
-	}
-	for i := 0; ; i++ {
-		g, err := os.Create(filepath.Join(dir, fmt.Sprintf("filler-%d", i)))
-		if err != nil {
-			if !errors.Is(err, syscall.ENOSPC) {
-				t.Fatalf("filling the inodes of %s: %v, want ENOSPC", dir, err)
-			}
-			break
-		}
-		g.Close()
-	}
-	if _, err := os.Create(filepath.Join(dir, "pool", "probe")); !errors.Is(err, syscall.ENOSPC) {
-		t.Fatalf("a file created in the filled pool: %v, want ENOSPC", err)
 	}
 }

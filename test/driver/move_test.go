@@ -16,6 +16,8 @@ import (
 	"github.com/loopvol/loopvol/test/internal/driverproc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/loopvol/loopvol/internal/harness/testfs"
 )
 
 // movePools is one driver (--mode=all) serving two pools of one zone,
@@ -50,7 +52,7 @@ func newMovePools(t testing.TB, fastXFS bool) *movePools {
 		}
 	})
 	if fastXFS {
-		driverproc.MountReflinkXFS(t, filepath.Join(m.dir, "fast.xfs"), m.fast, 8*gib) // sparse
+		testfs.MountReflinkXFS(t, filepath.Join(m.dir, "fast.xfs"), m.fast, 8*gib) // sparse
 	}
 	m.start(t)
 	return m

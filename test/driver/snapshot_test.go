@@ -12,6 +12,8 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/loopvol/loopvol/test/internal/driverproc"
+
+	"github.com/loopvol/loopvol/internal/harness/testfs"
 )
 
 // snapPool is a driver (--mode=all, node "node-a") over one pool directory.
@@ -48,7 +50,7 @@ func newSnapPool(t testing.TB, reflink bool) *snapPool {
 		}
 	})
 	if reflink {
-		driverproc.MountReflinkXFS(t, filepath.Join(s.dir, "pool.xfs"), s.pool, 32*gib) // sparse: room for the 10 GiB benchmark
+		testfs.MountReflinkXFS(t, filepath.Join(s.dir, "pool.xfs"), s.pool, 32*gib) // sparse: room for the 10 GiB benchmark
 	}
 	s.start(t)
 	return s

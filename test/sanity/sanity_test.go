@@ -16,6 +16,8 @@ import (
 	"github.com/loopvol/loopvol/test/internal/driverproc"
 	"github.com/onsi/ginkgo/v2"
 	"github.com/onsi/ginkgo/v2/types"
+
+	"github.com/loopvol/loopvol/internal/harness/testfs"
 )
 
 // contextEnv selects the shape when the test binary re-runs itself.
@@ -99,7 +101,7 @@ func TestSanityShape(t *testing.T) {
 		}
 	}
 	if os.Getenv(poolFSEnv) == "xfs-reflink" {
-		driverproc.MountReflinkXFS(t, filepath.Join(dir, "pool.xfs"), poolDir, 32<<30)
+		testfs.MountReflinkXFS(t, filepath.Join(dir, "pool.xfs"), poolDir, 32<<30)
 	}
 	fs := "ext4"
 	if shape == "xfs" {
