@@ -9,12 +9,14 @@
 //   - testenv starts kube-apiserver and etcd from bin/ through envtest, for
 //     the tests that need a real API server.
 //   - testcert makes throwaway CAs and serving certificates.
+//   - testfs makes the small real filesystems tests put pools on (a
+//     loop-mounted xfs with reflink, a small ext4, one filled to ENOSPC).
 //   - proc runs a binary as a real process with its log in a file: the
 //     cluster's daemons and the loopvol and upstream binaries the suites
 //     under test/ start.
 //
 // A test file of a shipped package may import a harness package (pkg/webhook's
-// tests use testcert); the code the binaries are built from may not.
+// tests use testcert, pkg/pool's testfs); the code the binaries are built from may not.
 // TestShippedImportsNoHarness checks that with `go list -deps ./cmd/...
 // ./pkg/...`.
 //
