@@ -94,19 +94,7 @@ func TestExternalStorage(t *testing.T) {
 		t.Log("CAP_SYS_RESOURCE is not in this host's bounding set: ext4 cannot grow online, its online expansion specs are left out")
 	}
 	testenv.RequireLoopDevices(t)
-	root, err := testenv.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	bin, err := testenv.BinDir()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, b := range []string{"e2e.test", "ginkgo", "kubectl"} {
-		if _, err := os.Stat(filepath.Join(bin, b)); err != nil {
-			t.Fatalf("%v (make test-e2e-k8s builds it)", err)
-		}
-	}
+	root, bin := suiteDirs(t, "make test-e2e-k8s")
 	c := clustertest.Up(t, "loopvol-e2e-k8s-", root, bin, "make test-e2e-k8s", images)
 	ctx := context.Background()
 	clustertest.SnapshotCRDs(ctx, t, c, root)
@@ -130,6 +118,25 @@ func TestExternalStorage(t *testing.T) {
 	t.Setenv("KUBE_SSH_KEY_PATH", startNodeSSH(t, c, net.JoinHostPort(cluster.NetNSNodeIP(), "22"), report))
 	t.Setenv("KUBE_SSH_USER", "root")
 	runSuite(ctx, t, c, root, bin, filepath.Join(root, "test", "e2e-k8s", "test-driver.yaml"), plan(os.Getenv(suiteEnv), focus, skip, procs(t)))
+}
+
+// suiteDirs returns the repository's root and its bin/, once the suite's
+// binaries are there (target builds them).
+func suiteDirs(t *testing.T, target string) (root, bin string) {
+	t.Helper()
+	root, err := testenv.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bin, err = testenv.BinDir(); err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range []string{"e2e.test", "ginkgo", "kubectl"} {
+		if _, err := os.Stat(filepath.Join(bin, b)); err != nil {
+			t.Fatalf("%v (%s builds it)", err, target)
+		}
+	}
+	return root, bin
 }
 
 // reportDir is where e2e.test writes its logs and JUnit reports: under the

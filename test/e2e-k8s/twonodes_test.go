@@ -44,19 +44,7 @@ func TestExternalStorageTwoNodes(t *testing.T) {
 	if cluster.NetNSNodeIP() == "" {
 		t.Skip("a cluster of nodes needs the test binary in a network namespace of its own (TestMain)")
 	}
-	root, err := testenv.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	bin, err := testenv.BinDir()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, b := range []string{"e2e.test", "ginkgo", "kubectl"} {
-		if _, err := os.Stat(filepath.Join(bin, b)); err != nil {
-			t.Fatalf("%v (make test-e2e-k8s-two-nodes builds it)", err)
-		}
-	}
+	root, bin := suiteDirs(t, "make test-e2e-k8s-two-nodes")
 	_, skip, err := selection()
 	if err != nil {
 		t.Fatal(err)
