@@ -8,8 +8,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/client-go/kubernetes/scheme"
-	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
@@ -132,11 +130,9 @@ func (q *ClaimQueue) Run(ctx context.Context, more func(*Handlers) error, starte
 	logger := klog.FromContext(ctx)
 	defer q.Queue.ShutDown()
 	if q.Recorder == nil {
-		events := record.NewBroadcaster(record.WithContext(ctx))
-		events.StartStructuredLogging(3)
-		events.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: q.cfg.Client.CoreV1().Events("")})
-		defer events.Shutdown()
-		q.Recorder = events.NewRecorder(scheme.Scheme, corev1.EventSource{Component: q.cfg.EventComponent})
+		var stop func()
+		q.Recorder, stop = StartRecorder(ctx, q.cfg.Client.CoreV1(), q.cfg.EventComponent)
+		defer stop()
 	}
 	// Added only now, when this replica starts acting: the shared
 	// informers run on a standby replica too, and adding a handler to a

@@ -9,10 +9,7 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/prometheus/client_golang/prometheus"
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/client-go/kubernetes/scheme"
-	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	storagelisters "k8s.io/client-go/listers/storage/v1"
 	"k8s.io/client-go/tools/cache"
@@ -220,11 +217,9 @@ func New(cfg Config) (*Controller, error) {
 func (c *Controller) Run(ctx context.Context) error {
 	logger := klog.FromContext(ctx)
 	if c.recorder == nil {
-		events := record.NewBroadcaster(record.WithContext(ctx))
-		events.StartStructuredLogging(3)
-		events.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: c.client.CoreV1().Events("")})
-		defer events.Shutdown()
-		c.recorder = events.NewRecorder(scheme.Scheme, corev1.EventSource{Component: EventComponent})
+		var stop func()
+		c.recorder, stop = kube.StartRecorder(ctx, c.client.CoreV1(), EventComponent)
+		defer stop()
 	}
 	// The handlers are added only now, when this replica starts acting:
 	// shared informers run (and keep a warm cache) on a standby replica

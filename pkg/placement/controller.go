@@ -28,8 +28,6 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/client-go/kubernetes/scheme"
-	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
@@ -136,11 +134,9 @@ func New(cfg Config) (*Controller, error) {
 func (c *Controller) Run(ctx context.Context) error {
 	logger := klog.FromContext(ctx)
 	if c.recorder == nil {
-		events := record.NewBroadcaster(record.WithContext(ctx))
-		events.StartStructuredLogging(3)
-		events.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: c.cfg.Client.CoreV1().Events("")})
-		defer events.Shutdown()
-		c.recorder = events.NewRecorder(scheme.Scheme, corev1.EventSource{Component: EventComponent})
+		var stop func()
+		c.recorder, stop = kube.StartRecorder(ctx, c.cfg.Client.CoreV1(), EventComponent)
+		defer stop()
 	}
 	var handlers kube.Handlers
 	defer handlers.Remove(logger)
