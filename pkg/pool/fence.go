@@ -1,0 +1,178 @@
+package pool
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Fencing, the storage side (issue 26; the detection of a dead node and the
+// controller's part build on it).
+//
+// A node that stopped answering may still write: frozen, it resumes where
+// it stopped when it is thawed; cut off, it never stopped. Nothing can be
+// asked of it. What the pool can do alone is change which file is the
+// volume: FenceImage makes a new file with the image's data (a reflink
+// where the filesystem has them: a point-in-time copy that xfs makes under
+// the inode's lock after flushing its dirty pages, so every write
+// acknowledged before it is in it) and renames it over the image. The
+// fenced node's loop device, and any descriptor it holds, keeps the old
+// inode, which no name reaches any more: what it writes after the rename
+// goes there and is lost with it when it lets go. Over NFS the server
+// unlinks the old inode at the rename, and the node's handle of it goes
+// stale (ESTALE) at its next write.
+//
+// Every holder of the old inode loses the volume, not only the fenced
+// node: the caller fences only while no other node may have the volume
+// staged (its staged records name the fenced nodes only), under the
+// volume's lock, and then breaks the fenced node's staged record
+// (BreakStaged) so that the volume can be staged elsewhere and moved.
+//
+// Crash orders: the copy is made under a temporary name (Sweep removes it
+// after tempAge when a crash leaves it); the rename is the fence, atomic;
+// the staged record is broken after it. A crash before the rename leaves
+// the old image the volume (retried, the fence copies again); after it, the
+// volume is fenced and the retry copies once more, harmless; a record not
+// yet broken keeps refusing the move until the retry breaks it.
+//
+// Without reflink the new file is a full copy of the image's data: the
+// volume's writers wait for it (the caller holds the volume's lock, no node
+// stages it meanwhile) and it needs the space of the data once more, which
+// is refused with ErrNoSpace before anything changes. A reflinked fence
+// shares its blocks with the old inode for as long as the fenced node holds
+// it, and counts as copy-on-write reserve then (cow.go); it is made even
+// when the pool cannot back that reserve, since losing the fence would
+// lose data for sure.
+
+// Fence methods, as FenceImage returns them.
+const (
+	FenceReflink = "reflink"
+	FenceCopy    = "copy"
+)
+
+// FenceImage replaces the image of volume id (p is its home pool; the
+// image is where the volume lives, peers finds that pool) with a new file
+// holding the same data, so that whoever has the old image open no longer
+// reaches the volume (see above). The caller holds Lock(id) in p. It
+// returns how the new file was made; progress hears of a full copy.
+func (p *Pool) FenceImage(ctx context.Context, id VolumeID, peers Peers, progress Progress) (string, error) {
+	if err := p.homeOf(id); err != nil {
+		return "", err
+	}
+	q, v, err := p.Locate(id, peers)
+	if err != nil {
+		return "", err
+	}
+	if v.Move != nil {
+		return "", fmt.Errorf("volume %s has an unfinished move; finish it before the fence: %w", id, ErrBusy)
+	}
+	name := id.Hash + imageSuffix
+	in, st, err := q.vols.open(name, unix.O_RDONLY)
+	if errors.Is(err, os.ErrNotExist) {
+		return "", fmt.Errorf("volume %s: image %s/%s is missing: %w", id, q.vols.path, name, ErrCorrupt)
+	}
+	if err != nil {
+		return "", err
+	}
+	defer in.Close()
+	var rnd [8]byte
+	rand.Read(rnd[:])
+	tmp := tempPrefix(name) + hex.EncodeToString(rnd[:])
+	fd, err := unix.Openat(q.vols.fd(), tmp, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, st.Mode&0o777)
+	if err != nil {
+		return "", fmt.Errorf("volume %s: create the fence's copy in %s: %w", id, q.vols.path, err)
+	}
+	out := os.NewFile(uintptr(fd), q.vols.path+"/"+tmp)
+	renamed := false
+	defer func() {
+		out.Close()
+		if !renamed {
+			q.vols.remove(tmp)
+		}
+	}()
+	method, err := q.fenceCopy(ctx, out, in, st.Size, v.Thin, progress)
+	if err != nil {
+		return "", fmt.Errorf("volume %s: fence: %w", id, err)
+	}
+	if err := out.Sync(); err != nil {
+		return "", fmt.Errorf("volume %s: fsync the fence's copy: %w", id, err)
+	}
+	if err := unix.Renameat(q.vols.fd(), tmp, q.vols.fd(), name); err != nil {
+		return "", fmt.Errorf("volume %s: rename the fence's copy over %s/%s: %w", id, q.vols.path, name, err)
+	}
+	renamed = true
+	if err := q.vols.sync(); err != nil {
+		return "", fmt.Errorf("volume %s: fenced, but not yet durably (the retry fences again): %w", id, err)
+	}
+	return method, nil
+}
+
+// fenceCopy fills out with in's size bytes: a reflink, or a copy of the
+// data ranges (all of the image allocated unless thin) after a space check
+// under the pool lock.
+func (p *Pool) fenceCopy(ctx context.Context, out, in *os.File, size int64, thin bool, progress Progress) (string, error) {
+	cloned, err := reflink(out, in)
+	if err != nil {
+		return "", err
+	}
+	if cloned {
+		return FenceReflink, nil
+	}
+	unlock, err := p.lockCapacity(ctx)
+	if err != nil {
+		return "", err
+	}
+	need := size
+	if thin {
+		if need, err = allocatedData(in, size); err != nil {
+			unlock()
+			return "", err
+		}
+	}
+	avail, err := p.Available()
+	if err == nil && need > avail {
+		err = fmt.Errorf("pool %s has no reflink, and a copy of the image needs %d bytes where %d are available: %w", p.Name, need, avail, ErrNoSpace)
+	}
+	if err == nil && !thin {
+		err = growFile(out, size)
+	} else if err == nil {
+		if err = out.Truncate(size); err == nil {
+			err = reserveData(out, in, size)
+		}
+	}
+	unlock()
+	if err != nil {
+		return "", err
+	}
+	return FenceCopy, copyData(out, in, size, progress)
+}
+
+// BreakStaged removes node's staged record of volume id (p its home) when
+// the incarnation that wrote it started at or before through: the node
+// plugin the fence covered. A record of a later incarnation (the node came
+// back, was attached again and staged anew) is left, and broken is false;
+// so is a missing one. A record that cannot be read is left too, with its
+// error (ErrCorrupt): it cannot be told which incarnation wrote it. The
+// caller holds Lock(id) in p and has fenced the image (FenceImage).
+func (p *Pool) BreakStaged(id VolumeID, node string, through time.Time) (broken bool, err error) {
+	rec, err := p.ReadStaged(id, node)
+	if errors.Is(err, ErrNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	if rec.NodeStart.After(through) {
+		return false, nil
+	}
+	if err := p.RemoveStaged(id, node); err != nil {
+		return false, err
+	}
+	return true, nil
+}
