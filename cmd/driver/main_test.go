@@ -300,7 +300,7 @@ func TestRunServesUntilStopped(t *testing.T) {
 	if err := os.Remove(filepath.Join(d.pool, ".loopvol-pool")); err != nil {
 		t.Fatal(err)
 	}
-	if code, body := d.get(t, "/healthz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "a pool is not usable") {
+	if code, body := d.get(t, "/healthz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "no pool is usable") {
 		t.Errorf("/healthz with a broken pool = %d %q, want 503", code, body)
 	}
 	d.stop() // SIGTERM
