@@ -6,6 +6,9 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/loopvol/loopvol/internal/harness/testfs"
 )
@@ -134,7 +137,18 @@ func TestSnapshotRefusedWithoutRoomForCopyOnWrite(t *testing.T) {
 	if _, err := os.Stat(p.SnapshotImagePath(DeriveSnapshotID(p.Name, "snap"))); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("the refused snapshot left an image: %v", err)
 	}
-	if after, err := p.Usage(); err != nil || after.CowReserveBytes != 0 {
+	// xfs frees the blocks of an unlinked file in the background (its
+	// inode garbage collection): the volume's blocks stay shared until
+	// then. syncfs flushes it.
+	var after Usage
+	for i := 0; i < 50; i++ {
+		must(t, unix.Syncfs(p.vols.fd()))
+		if after, err = p.Usage(); err != nil || after.CowReserveBytes == 0 {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err != nil || after.CowReserveBytes != 0 {
 		t.Fatalf("after the refusal: %+v, %v; want no copy-on-write reserve", after, err)
 	}
 	if err := overwrite(p.ImagePath(id), size, 'b'); err != nil {
