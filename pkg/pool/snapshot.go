@@ -297,7 +297,9 @@ func (p *Pool) fill(ctx context.Context, out, in *os.File, srcSize, size int64, 
 
 // DeleteSnapshot removes a snapshot's image, record and lock file; the
 // caller holds LockSnapshot. The image goes first, as for a volume. A
-// snapshot that does not exist is not an error.
+// snapshot that does not exist is not an error. The temporaries of its
+// record that a killed call left go too: records are written under the
+// snapshot's lock, which the caller holds, so none of them is live.
 func (p *Pool) DeleteSnapshot(id SnapshotID) error {
 	if err := p.ownSnapshot(id); err != nil {
 		return err
@@ -305,6 +307,17 @@ func (p *Pool) DeleteSnapshot(id SnapshotID) error {
 	for _, name := range []string{id.stem() + imageSuffix, id.stem() + recordSuffix} {
 		if err := p.vols.remove(name); err != nil {
 			return fmt.Errorf("delete snapshot %s: %w", id, err)
+		}
+	}
+	names, err := p.vols.names()
+	if err != nil {
+		return fmt.Errorf("delete snapshot %s: %w", id, err)
+	}
+	for _, name := range names {
+		if strings.HasPrefix(name, tempPrefix(id.stem()+recordSuffix)) {
+			if err := p.vols.remove(name); err != nil {
+				return fmt.Errorf("delete snapshot %s: %w", id, err)
+			}
 		}
 	}
 	p.vols.remove(id.stem() + lockSuffix)

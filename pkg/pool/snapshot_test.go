@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"errors"
 	"os"
+	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 )
@@ -224,5 +226,41 @@ func TestSweepUnfinishedSnapshot(t *testing.T) {
 	wid, _ := ParseSnapshotID(whole.ID)
 	if _, err := p.ReadSnapshot(wid); err != nil {
 		t.Fatalf("the whole snapshot went too: %v", err)
+	}
+}
+
+// TestDeleteSnapshotRemovesDeadTemporaries: a call killed while it wrote a
+// snapshot's record leaves the record's temporary; DeleteSnapshot (under
+// the snapshot's lock, so no writer is live) removes it with the snapshot,
+// and leaves another snapshot's alone.
+func TestDeleteSnapshotRemovesDeadTemporaries(t *testing.T) {
+	p := newTestPool(t)
+	v, err := p.CreateVolume(t.Context(), spec("vol", 4<<20))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := p.CreateSnapshot(t.Context(), "snap", v, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, _ := ParseSnapshotID(s.ID)
+	other := DeriveSnapshotID(p.Name, "other")
+	dead := tempPrefix(id.stem()+recordSuffix) + "0123456789abcdef"
+	kept := tempPrefix(other.stem()+recordSuffix) + "0123456789abcdef"
+	for _, name := range []string{dead, kept} {
+		must(t, os.WriteFile(filepath.Join(p.Path, "volumes", name), []byte("{"), 0o600))
+	}
+	unlock, err := p.LockSnapshot(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	must(t, p.DeleteSnapshot(id))
+	unlock()
+	names, err := p.vols.names()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if slices.Contains(names, dead) || !slices.Contains(names, kept) {
+		t.Fatalf("after DeleteSnapshot the pool holds %v; want %s gone and %s kept", names, dead, kept)
 	}
 }
