@@ -20,6 +20,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/loopvol/loopvol/internal/harness/testenv"
 )
 
 // auditEvent is the part of an audit.k8s.io/v1 Event the check reads.
@@ -38,6 +40,7 @@ type auditEvent struct {
 	ResponseStatus *struct {
 		Code int `json:"code"`
 	} `json:"responseStatus"`
+	RequestReceived time.Time `json:"requestReceivedTimestamp"`
 }
 
 // apiCall is one kind of request: what RBAC decides on.
@@ -166,6 +169,10 @@ func TestZZRBACCoversEveryCall(t *testing.T) {
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 1<<20), 16<<20)
 	var refused []string
+	// A kube-apiserver restarted by a test (TestFaultAPIServerOutage)
+	// refuses everyone until its RBAC caches sync; the components' retries
+	// and events meet that, and it says nothing about the shipped rules.
+	warmUps, warmingUp := env.WarmUps(), 0
 	for sc.Scan() {
 		var ev auditEvent
 		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil || ev.ObjectRef == nil {
@@ -181,7 +188,11 @@ func TestZZRBACCoversEveryCall(t *testing.T) {
 			call.name = o.Name
 		}
 		if ev.ResponseStatus != nil && ev.ResponseStatus.Code == 403 {
-			refused = append(refused, fmt.Sprintf("%s: %s", ev.User.Username, call))
+			if slices.ContainsFunc(warmUps, func(w testenv.Window) bool { return w.Contains(ev.RequestReceived) }) {
+				warmingUp++
+			} else {
+				refused = append(refused, fmt.Sprintf("%s: %s", ev.User.Username, call))
+			}
 		}
 		key := strings.Join(files, "+")
 		if observed[key] == nil {
@@ -191,6 +202,9 @@ func TestZZRBACCoversEveryCall(t *testing.T) {
 	}
 	if err := sc.Err(); err != nil {
 		t.Fatal(err)
+	}
+	if warmingUp > 0 {
+		t.Logf("left out %d refusals while a restarted kube-apiserver was not ready yet", warmingUp)
 	}
 	if len(refused) > 0 {
 		t.Errorf("the API server refused calls of the restricted users (the shipped RBAC is short): %v", refused)

@@ -10,8 +10,6 @@ import (
 	"path/filepath"
 	"syscall"
 	"time"
-
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 // KillAPIServer kills kube-apiserver with SIGKILL (etcd keeps running),
@@ -72,11 +70,15 @@ func (e *Env) KillAPIServer() (restart func() error, err error) {
 		// The watchdog knew the old process only.
 		e.watchdog.stop()
 		e.watchdog = startWatchdog([]string{path, filepath.Join(bin, "etcd")}, e.watchdogDirs)
+		started := time.Now()
 		ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
 		defer cancel()
 		for {
-			_, err := e.Client.CoreV1().Namespaces().Get(ctx, metav1.NamespaceDefault, metav1.GetOptions{})
+			// /readyz, not a first answer: it passes only once the
+			// authorizer's caches have synced (see WarmUps).
+			err := e.Client.CoreV1().RESTClient().Get().AbsPath("/readyz").Do(ctx).Error()
 			if err == nil {
+				e.warmUps = append(e.warmUps, Window{Start: started, End: time.Now()})
 				return nil
 			}
 			select {

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -159,6 +160,24 @@ type Env struct {
 	restartMu    sync.Mutex
 	restarted    *exec.Cmd
 	watchdogDirs []string
+	warmUps      []Window
+}
+
+// Window is a span of time, End after Start.
+type Window struct{ Start, End time.Time }
+
+// Contains reports whether t falls in w.
+func (w Window) Contains(t time.Time) bool { return !t.Before(w.Start) && !t.After(w.End) }
+
+// WarmUps returns the spans during which a kube-apiserver started again by
+// KillAPIServer's restart served requests but was not ready yet: until its
+// informers have synced, its RBAC authorizer knows no binding and refuses
+// (403) what the shipped roles allow, as any kube-apiserver does before
+// /readyz passes. A check of who was refused what must leave these out.
+func (e *Env) WarmUps() []Window {
+	e.restartMu.Lock()
+	defer e.restartMu.Unlock()
+	return slices.Clone(e.warmUps)
 }
 
 // setLogger gives envtest (controller-runtime) a logger. Without one,
