@@ -142,8 +142,9 @@ func notOwned(devPath, tag, ownerTag string) error {
 // An Interface acts for an owner (Owner), the node plugin whose node ID it
 // is: Attach tags the device with the owner (OwnerTag), and the other
 // methods see only the owner's devices and untagged ones. Find and List
-// pass over another owner's devices; Resize, Detach, Size, Status and Tune
-// refuse them with an error wrapping ErrNotOwned, without changing them.
+// pass over another owner's devices (FindReplaced over untagged ones
+// too); Resize, Detach, Size, Status and Tune refuse them with an error
+// wrapping ErrNotOwned, without changing them.
 // An Interface without an owner sees every device.
 type Interface interface {
 	// Owner returns the owner this Interface acts for, "" for none.
@@ -170,6 +171,19 @@ type Interface interface {
 	// file at all, a device of the deleted file does, so that it can still
 	// be detached.
 	Find(imagePath string) (devPath string, ok bool, err error)
+	// FindReplaced returns the owner's devices of a file that was at
+	// imagePath and was replaced there by another (a fence renames a copy
+	// over a volume's image, pkg/pool FenceImage): the devices Find passes
+	// over. A device counts when its backing file was at the path (marked
+	// deleted, or, on NFS, which does not mark it, not the file now at the
+	// path by device and inode); never a device of the file now at the
+	// path. Only devices tagged with the owner count, never untagged ones:
+	// what such a device holds since the replacement is dropped with it,
+	// and an untagged device may be another plugin's on the same kernel.
+	// Without an owner, every device counts. With no file at the path
+	// nothing was replaced, and the result is empty (Find returns the
+	// device of the deleted file then).
+	FindReplaced(imagePath string) ([]string, error)
 	// List returns the owner's devices (tagged with the owner, or untagged)
 	// that have an image attached, whatever the image.
 	List() ([]string, error)

@@ -148,23 +148,9 @@ func ensureNode(devPath, name string) error {
 
 // Find implements Interface.
 func (d Devices) Find(imagePath string) (string, bool, error) {
-	path, err := absClean(imagePath)
+	path, resolved, st, imageExists, err := imageAt(imagePath)
 	if err != nil {
 		return "", false, err
-	}
-	// The kernel reports the path with symlinks resolved.
-	resolved := path
-	if r, err := filepath.EvalSymlinks(path); err == nil {
-		resolved = r
-	} else if r, err := filepath.EvalSymlinks(filepath.Dir(path)); err == nil {
-		resolved = filepath.Join(r, filepath.Base(path))
-	}
-	var st unix.Stat_t
-	imageExists := true
-	if err := unix.Stat(path, &st); errors.Is(err, unix.ENOENT) {
-		imageExists = false
-	} else if err != nil {
-		return "", false, fmt.Errorf("stat %s: %w", path, err)
 	}
 
 	names, err := attachedNames()
@@ -220,6 +206,90 @@ func (d Devices) Find(imagePath string) (string, bool, error) {
 		}
 	}
 	return untagged, untagged != "", nil
+}
+
+// imageAt cleans imagePath and returns it, its form with symbolic links
+// resolved (the kernel reports backing files that way), and the file now
+// at it, if there is one.
+func imageAt(imagePath string) (path, resolved string, st unix.Stat_t, exists bool, err error) {
+	if path, err = absClean(imagePath); err != nil {
+		return "", "", st, false, err
+	}
+	resolved = path
+	if r, err := filepath.EvalSymlinks(path); err == nil {
+		resolved = r
+	} else if r, err := filepath.EvalSymlinks(filepath.Dir(path)); err == nil {
+		resolved = filepath.Join(r, filepath.Base(path))
+	}
+	if err := unix.Stat(path, &st); errors.Is(err, unix.ENOENT) {
+		return path, resolved, st, false, nil
+	} else if err != nil {
+		return "", "", st, false, fmt.Errorf("stat %s: %w", path, err)
+	}
+	return path, resolved, st, true, nil
+}
+
+// FindReplaced implements Interface.
+func (d Devices) FindReplaced(imagePath string) ([]string, error) {
+	path, resolved, st, imageExists, err := imageAt(imagePath)
+	if err != nil || !imageExists {
+		// No file at the path: nothing replaced the image, and Find
+		// returns the device of the deleted one.
+		return nil, err
+	}
+	names, err := attachedNames()
+	if err != nil {
+		return nil, err
+	}
+	var devs []string
+	for _, name := range names {
+		backing, _, err := backingFile(name)
+		if errors.Is(err, ErrNotAttached) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		byPath := backing == path || backing == resolved
+		// A path relative to the root of a mount that is gone (see Find)
+		// names a file that no name reaches any more, so only its name
+		// and filesystem tell: such a device counts when the path is a
+		// suffix of the image's and its file is on the image's filesystem
+		// (a rename over the image stays on it). A replaced file of the
+		// same name elsewhere on that filesystem would count too; pool
+		// images are named by their volume, so it is the same volume's.
+		relative := !byPath && strings.HasPrefix(backing, "/") &&
+			(strings.HasSuffix(path, backing) || strings.HasSuffix(resolved, backing))
+		if !byPath && !relative {
+			continue
+		}
+		devPath := "/dev/" + name
+		info, err := status64(devPath)
+		if errors.Is(err, ErrNotAttached) || errors.Is(err, fs.ErrNotExist) {
+			continue // detached while we looked
+		}
+		if err != nil {
+			return nil, err
+		}
+		// The file, not the " (deleted)" mark, decides: NFS does not mark
+		// a file the server unlinked, and the current image is never a
+		// replaced one, however its path is printed.
+		if info.Inode == st.Ino && info.Device == st.Dev {
+			continue
+		}
+		if relative && info.Device != st.Dev {
+			continue
+		}
+		// Only the owner's own: an untagged device may be any plugin's
+		// from before owners, and another owner's is that owner's to
+		// clean up.
+		tag := tagOf(info.File_name[:])
+		if d.tag != "" && tag != d.tag {
+			continue
+		}
+		devs = append(devs, devPath)
+	}
+	return devs, nil
 }
 
 // List implements Interface.

@@ -29,6 +29,9 @@ func (Devices) Tune(string, bool) error { return errors.ErrUnsupported }
 // Find fails with errors.ErrUnsupported.
 func (Devices) Find(string) (string, bool, error) { return "", false, errors.ErrUnsupported }
 
+// FindReplaced fails with errors.ErrUnsupported.
+func (Devices) FindReplaced(string) ([]string, error) { return nil, errors.ErrUnsupported }
+
 // List fails with errors.ErrUnsupported.
 func (Devices) List() ([]string, error) { return nil, errors.ErrUnsupported }
 

@@ -10,13 +10,18 @@ import (
 	"path/filepath"
 	"sort"
 	"sync"
+	"syscall"
 
 	"github.com/loopvol/loopvol/pkg/loop"
 )
 
 // Fake keeps "attached devices" in memory. Device sizes follow the size of
 // the image file on disk when the image exists (as of Attach or the last
-// Resize), so expansion can be tested with real, sparse files.
+// Resize), so expansion can be tested with real, sparse files. A device
+// remembers the device and inode of the file it was attached to, so a real
+// file renamed over the image (a fence, pkg/pool FenceImage) replaces it as
+// it would on a kernel: Find passes over the device, FindReplaced returns
+// it, and Status says it is deleted.
 //
 // A Fake acts for an owner, as loop.Devices does (loop.Interface): its
 // devices are tagged with the owner, Find and List pass over other owners'
@@ -50,8 +55,28 @@ type device struct {
 	readOnly bool
 	directIO bool
 	size     int64
+	file     fileID // of the file attached, as Attach found it
 	tuned    bool
 	discard  bool
+}
+
+// fileID is a file's device and inode: what tells a replaced image from
+// the file now at its path.
+type fileID struct{ dev, ino uint64 }
+
+func idOf(fi os.FileInfo) fileID {
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok {
+		return fileID{}
+	}
+	return fileID{dev: uint64(st.Dev), ino: uint64(st.Ino)}
+}
+
+// replaced tells whether another file than d's is now at d's image path;
+// false when none is (the image was deleted).
+func (d *device) replaced() bool {
+	fi, err := os.Stat(d.image)
+	return err == nil && idOf(fi) != d.file
 }
 
 var _ loop.Interface = (*Fake)(nil)
@@ -123,6 +148,11 @@ func (f *Fake) Attach(ctx context.Context, imagePath string, readOnly bool) (str
 	if err != nil {
 		return "", fmt.Errorf("open image: %w", err)
 	}
+	return f.attach(imagePath, st, readOnly), nil
+}
+
+// attach puts the image whose file is st on the lowest free device.
+func (f *Fake) attach(imagePath string, st os.FileInfo, readOnly bool) string {
 	// Like the kernel, hand out the lowest free device number.
 	var devPath string
 	for n := 0; ; n++ {
@@ -131,20 +161,31 @@ func (f *Fake) Attach(ctx context.Context, imagePath string, readOnly bool) (str
 			break
 		}
 	}
-	f.devices[devPath] = &device{image: filepath.Clean(imagePath), owner: f.owner, readOnly: readOnly, directIO: !f.NoDirectIO, size: st.Size()}
-	return devPath, nil
+	f.devices[devPath] = &device{image: filepath.Clean(imagePath), owner: f.owner, readOnly: readOnly, directIO: !f.NoDirectIO,
+		size: st.Size(), file: idOf(st)}
+	return devPath
 }
 
-// AttachFile implements loop.Interface: the fake attaches the file's name.
+// AttachFile implements loop.Interface: the fake attaches the file's name,
+// and remembers the file itself, as the kernel holds it.
 func (f *Fake) AttachFile(ctx context.Context, image *os.File, imagePath string, readOnly bool) (string, error) {
-	if _, err := image.Stat(); err != nil {
+	st, err := image.Stat()
+	if err != nil {
 		return "", fmt.Errorf("image %s: %w", imagePath, err)
 	}
-	return f.Attach(ctx, imagePath, readOnly)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.call("Attach %s", imagePath); err != nil {
+		return "", err
+	}
+	if err := ctx.Err(); err != nil {
+		return "", err
+	}
+	return f.attach(imagePath, st, readOnly), nil
 }
 
 // Find implements loop.Interface: f's own device of the image, else an
-// untagged one.
+// untagged one; never a device of a file that another replaced at the path.
 func (f *Fake) Find(imagePath string) (string, bool, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -154,7 +195,7 @@ func (f *Fake) Find(imagePath string) (string, bool, error) {
 	untagged := ""
 	for _, p := range f.sortedPaths() {
 		d := f.devices[p]
-		if d.image != filepath.Clean(imagePath) || !f.visible(d) {
+		if d.image != filepath.Clean(imagePath) || !f.visible(d) || d.replaced() {
 			continue
 		}
 		if d.owner == f.owner {
@@ -165,6 +206,24 @@ func (f *Fake) Find(imagePath string) (string, bool, error) {
 		}
 	}
 	return untagged, untagged != "", nil
+}
+
+// FindReplaced implements loop.Interface: f's own devices (every device
+// without an owner) of a file that another replaced at the path.
+func (f *Fake) FindReplaced(imagePath string) ([]string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.call("FindReplaced %s", imagePath); err != nil {
+		return nil, err
+	}
+	var devs []string
+	for _, p := range f.sortedPaths() {
+		d := f.devices[p]
+		if d.image == filepath.Clean(imagePath) && (f.owner == "" || d.owner == f.owner) && d.replaced() {
+			devs = append(devs, p)
+		}
+	}
+	return devs, nil
 }
 
 // List implements loop.Interface.
@@ -245,7 +304,7 @@ func (f *Fake) Status(devPath string) (loop.Status, error) {
 	return loop.Status{
 		OwnerTag:    loop.OwnerTag(d.owner),
 		BackingFile: d.image,
-		Deleted:     errors.Is(err, os.ErrNotExist),
+		Deleted:     errors.Is(err, os.ErrNotExist) || d.replaced(),
 		DirectIO:    d.directIO,
 		ReadOnly:    d.readOnly,
 	}, nil

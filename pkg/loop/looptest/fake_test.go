@@ -81,3 +81,63 @@ func TestFakeOwners(t *testing.T) {
 		t.Errorf("B's Resize of the untagged device: %v", err)
 	}
 }
+
+// TestFakeReplaced: a file renamed over an attached image replaces it as on
+// a kernel (pkg/loop TestFindReplaced on real devices).
+func TestFakeReplaced(t *testing.T) {
+	dir := t.TempDir()
+	image := filepath.Join(dir, "vol.img")
+	if err := os.WriteFile(image, make([]byte, 4096), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	a := looptest.New("node-a")
+	b, machine := a.Peer("node-b"), a.Peer("")
+	old, err := a.Attach(ctx, image, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	untagged, err := machine.Attach(ctx, image, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if devs, err := a.FindReplaced(image); err != nil || len(devs) != 0 {
+		t.Errorf("FindReplaced before the replacement = %v, %v; want none", devs, err)
+	}
+	if err := os.WriteFile(image+".new", make([]byte, 4096), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(image+".new", image); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		f    *looptest.Fake
+		want []string
+	}{{a, []string{old}}, {b, nil}, {machine, []string{old, untagged}}} {
+		if devs, err := c.f.FindReplaced(image); err != nil || !slices.Equal(devs, c.want) {
+			t.Errorf("FindReplaced as %q = %v, %v; want %v", c.f.Owner(), devs, err, c.want)
+		}
+	}
+	if dev, ok, err := a.Find(image); err != nil || ok {
+		t.Errorf("Find after the replacement = %q, %v, %v; want nothing", dev, ok, err)
+	}
+	if st, err := a.Status(old); err != nil || !st.Deleted {
+		t.Errorf("Status of the replaced device = %+v, %v; want deleted", st, err)
+	}
+	current, err := a.Attach(ctx, image, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if dev, ok, err := a.Find(image); err != nil || !ok || dev != current {
+		t.Errorf("Find of the new image = %q, %v, %v; want %s", dev, ok, err, current)
+	}
+	if devs, err := a.FindReplaced(image); err != nil || !slices.Equal(devs, []string{old}) {
+		t.Errorf("FindReplaced with the new image attached = %v, %v; want [%s]", devs, err, old)
+	}
+	if err := os.Remove(image); err != nil {
+		t.Fatal(err)
+	}
+	if devs, err := a.FindReplaced(image); err != nil || len(devs) != 0 {
+		t.Errorf("FindReplaced with no file at the path = %v, %v; want none", devs, err)
+	}
+}
