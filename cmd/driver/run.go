@@ -101,6 +101,11 @@ func run(ctx context.Context, cfg *config, listen listenFunc) error {
 	mm.GetRegistry().RawMustRegister(poolmetrics.Collector{Usage: func() []poolmetrics.Usage {
 		return poolmetrics.Measure(served)
 	}})
+	if srvCfg.Controller != nil {
+		for _, c := range controller.Collectors() { // fencing's
+			mm.GetRegistry().RawMustRegister(c)
+		}
+	}
 	srvCfg.Metrics = mm
 
 	srv, err := csiserver.Listen(ctx, srvCfg)

@@ -25,7 +25,7 @@ func outOfRange(format string, args ...any) error {
 var poolCodes = []volspec.Sentinels{
 	{Code: codes.NotFound, Errs: []error{pool.ErrInvalidID, pool.ErrNotFound, pool.ErrGuest}},
 	{Code: codes.AlreadyExists, Errs: []error{pool.ErrExists}},
-	{Code: codes.FailedPrecondition, Errs: []error{pool.ErrInUse}},
+	{Code: codes.FailedPrecondition, Errs: []error{pool.ErrInUse, pool.ErrNeedsCopy}},
 	{Code: codes.ResourceExhausted, Errs: []error{pool.ErrNoSpace}},
 	{Code: codes.Aborted, Errs: []error{pool.ErrBusy}},
 }

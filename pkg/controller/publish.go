@@ -51,6 +51,13 @@ func (s *Server) controllerPublishVolume(ctx context.Context, req *csi.Controlle
 		if err := checkSharing(v, mode, readOnly); err != nil {
 			return err
 		}
+		id, err := pool.ParseVolumeID(v.ID)
+		if err != nil {
+			return err
+		}
+		if err := checkFencePending(s.pools[id.Pool], id, v, node, mode, readOnly); err != nil {
+			return err
+		}
 		if rec.MaxVolumes > 0 {
 			// Lock order: the volume lock (held), then the node locks.
 			unlockNode, err := s.lockNode(ctx, node)
@@ -194,17 +201,21 @@ func (s *Server) controllerUnpublishVolume(ctx context.Context, req *csi.Control
 	if err != nil {
 		return nil, err
 	}
-	kept := slices.DeleteFunc(slices.Clone(v.Attachments), func(a pool.Attachment) bool {
-		return req.GetNodeId() == "" || a.Node == req.GetNodeId()
-	})
-	if len(kept) == len(v.Attachments) {
-		return &csi.ControllerUnpublishVolumeResponse{}, nil
+	detached := func(node string) bool { return req.GetNodeId() == "" || node == req.GetNodeId() }
+	kept := slices.DeleteFunc(slices.Clone(v.Attachments), func(a pool.Attachment) bool { return detached(a.Node) })
+	if len(kept) != len(v.Attachments) {
+		v.Attachments = kept
+		if err := q.WriteVolume(v); err != nil {
+			return nil, err
+		}
+		klog.FromContext(ctx).V(2).Info("Detached volume", "node", req.GetNodeId())
 	}
-	v.Attachments = kept
-	if err := q.WriteVolume(v); err != nil {
+	// Durably detached first, then fenced if the node still has it staged
+	// (fence.go): also when a retry finds it detached already, since the
+	// fence of the first call may have failed.
+	if err := s.fenceDetached(ctx, p, q, id, detached); err != nil {
 		return nil, err
 	}
-	klog.FromContext(ctx).V(2).Info("Detached volume", "node", req.GetNodeId())
 	return &csi.ControllerUnpublishVolumeResponse{}, nil
 }
 

@@ -36,6 +36,10 @@ var (
 	// volume, snapshot or lock file until that is mended. What exists in it
 	// can still be read.
 	ErrUnwritable = errors.New("pool filesystem refuses writes")
+	// ErrNeedsCopy: the pool's filesystem has no reflink, so what was asked
+	// (a fence that must not copy: FenceImageByReflink) would need a full
+	// copy of the image.
+	ErrNeedsCopy = errors.New("the pool's filesystem has no reflink: it would take a full copy")
 	// ErrTooLarge: a record would exceed MaxRecordBytes.
 	ErrTooLarge = errors.New("record too large")
 )

@@ -62,6 +62,22 @@ const (
 // reaches the volume (see above). The caller holds Lock(id) in p. It
 // returns how the new file was made; progress hears of a full copy.
 func (p *Pool) FenceImage(ctx context.Context, id VolumeID, peers Peers, progress Progress) (string, error) {
+	return p.fenceImage(ctx, id, peers, progress, true)
+}
+
+// FenceImageByReflink is FenceImage where a full copy is no answer: on a
+// pool without reflink it changes nothing and returns an error wrapping
+// ErrNeedsCopy. A copy is made while the volume's writers go on (the lock
+// keeps other callers out, not a node that still writes), so it is a
+// consistent image only when the fenced node has stopped writing; a
+// reflink is one whatever the node does. A caller that cannot know the
+// node stopped (a ControllerUnpublishVolume the CO forced) fences with
+// this.
+func (p *Pool) FenceImageByReflink(ctx context.Context, id VolumeID, peers Peers) (string, error) {
+	return p.fenceImage(ctx, id, peers, nil, false)
+}
+
+func (p *Pool) fenceImage(ctx context.Context, id VolumeID, peers Peers, progress Progress, allowCopy bool) (string, error) {
 	if err := p.homeOf(id); err != nil {
 		return "", err
 	}
@@ -96,7 +112,7 @@ func (p *Pool) FenceImage(ctx context.Context, id VolumeID, peers Peers, progres
 			q.vols.remove(tmp)
 		}
 	}()
-	method, err := q.fenceCopy(ctx, out, in, st.Size, v.Thin, progress)
+	method, err := q.fenceCopy(ctx, out, in, st.Size, v.Thin, progress, allowCopy)
 	if err != nil {
 		return "", fmt.Errorf("volume %s: fence: %w", id, err)
 	}
@@ -115,14 +131,17 @@ func (p *Pool) FenceImage(ctx context.Context, id VolumeID, peers Peers, progres
 
 // fenceCopy fills out with in's size bytes: a reflink, or a copy of the
 // data ranges (all of the image allocated unless thin) after a space check
-// under the pool lock.
-func (p *Pool) fenceCopy(ctx context.Context, out, in *os.File, size int64, thin bool, progress Progress) (string, error) {
+// under the pool lock; without allowCopy, ErrNeedsCopy instead of a copy.
+func (p *Pool) fenceCopy(ctx context.Context, out, in *os.File, size int64, thin bool, progress Progress, allowCopy bool) (string, error) {
 	cloned, err := reflink(out, in)
 	if err != nil {
 		return "", err
 	}
 	if cloned {
 		return FenceReflink, nil
+	}
+	if !allowCopy {
+		return "", fmt.Errorf("pool %s: %w", p.Name, ErrNeedsCopy)
 	}
 	unlock, err := p.lockCapacity(ctx)
 	if err != nil {

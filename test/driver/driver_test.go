@@ -52,6 +52,14 @@ type cluster struct {
 
 func newCluster(t *testing.T, extra ...string) *cluster {
 	t.Helper()
+	return newClusterOn(t, nil, extra...)
+}
+
+// newClusterOn is newCluster with a pool directory that mountPool, if not
+// nil, first mounts a filesystem on (its cleanup runs after the drivers
+// stopped).
+func newClusterOn(t *testing.T, mountPool func(dir, pool string), extra ...string) *cluster {
+	t.Helper()
 	driverproc.RequireRoot(t)
 	c := &cluster{dir: t.TempDir()}
 	c.pool = filepath.Join(c.dir, "pool")
@@ -62,8 +70,12 @@ func newCluster(t *testing.T, extra ...string) *cluster {
 			t.Fatal(err)
 		}
 	}
-	// Registered first so it runs last: whatever a failing test left mounted
-	// or attached under its directory goes.
+	if mountPool != nil {
+		mountPool(c.dir, c.pool)
+	}
+	// Registered after the pool's mount so it runs before its unmount:
+	// whatever a failing test left mounted or attached under its directory
+	// goes.
 	t.Cleanup(func() { forceCleanup(t, c.dir) })
 	c.a = driverproc.Start(t, filepath.Join(c.dir, "a"), append([]string{"--mode=all", "--node-id=node-a", "--zone=shared",
 		"--pool=shared=" + c.pool, "--kubelet-dir=" + c.kubeletA}, extra...)...)
