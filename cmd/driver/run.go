@@ -93,6 +93,7 @@ func run(ctx context.Context, cfg *config, listen listenFunc) error {
 		}
 		c.Start(ctx) // sweeps what killed processes left in the pools, then every 10 minutes
 		srvCfg.Controller = c
+		srvCfg.Fence = c
 		served = pools
 	}
 	identity := controller.NewIdentity(cfg.driverName, version, srvCfg.Controller != nil, served)

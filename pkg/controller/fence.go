@@ -114,35 +114,58 @@ func (s *Server) fenceDetached(ctx context.Context, home, where *pool.Pool, id p
 			"nodes", nodes, "pool", where.Name)
 		return nil
 	}
-	start := time.Now()
-	method, err := home.FenceImageByReflink(ctx, id, s.peer)
+	method, took, err := s.fence(ctx, home, where, id, fenced, time.Now(), false)
 	if errors.Is(err, pool.ErrNeedsCopy) {
 		return fmt.Errorf("volume %s was detached from node %s, which still has it staged and may still write it; pool %s has no reflink, so a fence would be a full copy, consistent only once the node has stopped writing: "+
 			"it is fenced by copy once the node's heartbeat has been stale for the fencing period, or the detach completes once the node unstages it; no other node may write it meanwhile: %w",
 			id, strings.Join(nodes, ", "), where.Name, err)
 	}
 	if err != nil {
-		return fmt.Errorf("volume %s: fence it from node %s: %w", id, strings.Join(nodes, ", "), err)
+		return err
 	}
-	// Every incarnation of the nodes up to now: none of them reaches the
-	// image any more. A record that cannot be read is of one of them.
-	through := time.Now()
-	for _, e := range fenced {
+	logger.Info("Fenced volume: the detached node still had it staged, and nothing it writes from now on reaches the volume",
+		"nodes", nodes, "pool", where.Name, "method", method, "duration", took)
+	return nil
+}
+
+// fence replaces the image of volume id (home its home pool, where the pool
+// it lives in) by a reflink of itself, or, if copyOK, by a full copy where
+// the pool has no reflink (an error wrapping pool.ErrNeedsCopy otherwise),
+// then breaks the staged records of entries: those of incarnations up to
+// through, and those that cannot be read (of the same node: the caller
+// picked them by name). The caller holds the volume's lock and has checked
+// that no other node has the volume staged.
+func (s *Server) fence(ctx context.Context, home, where *pool.Pool, id pool.VolumeID, entries []pool.StagedEntry, through time.Time, copyOK bool) (string, time.Duration, error) {
+	logger := klog.FromContext(ctx)
+	nodes := nodesOfEntries(entries)
+	start := time.Now()
+	method, err := home.FenceImageByReflink(ctx, id, s.peer)
+	if errors.Is(err, pool.ErrNeedsCopy) && copyOK {
+		last := int64(-1)
+		method, err = home.FenceImage(ctx, id, s.peer, func(done, total int64) {
+			if pct := done * 10 / max(total, 1); pct != last {
+				last = pct
+				logger.Info("Fencing volume by a full copy of its image", "volumeID", id.String(), "nodes", nodes, "doneBytes", done, "totalBytes", total)
+			}
+		})
+	}
+	if err != nil {
+		return "", 0, fmt.Errorf("volume %s: fence it from node %s: %w", id, strings.Join(nodes, ", "), err)
+	}
+	for _, e := range entries {
 		if e.Record == nil {
 			err = home.RemoveStaged(id, e.Node)
 		} else {
 			_, err = home.BreakStaged(id, e.Node, through)
 		}
 		if err != nil {
-			return fmt.Errorf("volume %s: fenced from node %s, but its staged record stays (the retried detach breaks it): %w", id, e.Node, err)
+			return "", 0, fmt.Errorf("volume %s: fenced from node %s, but its staged record stays (a retry breaks it): %w", id, e.Node, err)
 		}
 	}
 	took := time.Since(start)
 	fencedVolumes.WithLabelValues(where.Name, method).Inc()
 	fenceSeconds.WithLabelValues(method).Observe(took.Seconds())
-	logger.Info("Fenced volume: the detached node still had it staged, and nothing it writes from now on reaches the volume",
-		"nodes", nodes, "pool", where.Name, "method", method, "duration", took)
-	return nil
+	return method, took, nil
 }
 
 // checkFencePending refuses a writable attach of volume v (home its home

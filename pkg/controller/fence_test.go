@@ -1,6 +1,8 @@
 package controller
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -8,6 +10,7 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 
+	"github.com/loopvol/loopvol/pkg/fenceapi"
 	"github.com/loopvol/loopvol/pkg/pool"
 	"github.com/loopvol/loopvol/pkg/volspec/volspectest"
 )
@@ -132,4 +135,95 @@ func TestFenceOnDetachRules(t *testing.T) {
 			t.Error("a staged record of a volume that was not fenced went")
 		}
 	})
+}
+
+// FenceNode (fencenode.go) on plain directories: without reflink, a
+// filesystem volume is fenced by a full copy when the caller allows it,
+// a raw block one never; local pools, later incarnations, read-only and
+// shared staging are left, each with its reason; attachments stay.
+func TestFenceNode(t *testing.T) {
+	f := newFixture(t, map[string]string{"shared": "z", "local": "y"})
+	for _, n := range []string{"n1", "n2"} {
+		f.addNode(t, "shared", n, 0)
+	}
+	f.addNode(t, "local", "n1", 0)
+	incarnation := time.Now().Add(-time.Hour).UTC()
+	create := func(name, poolName string, c *csi.VolumeCapability) pool.VolumeID {
+		t.Helper()
+		req := createReq(name, 1<<20, c)
+		req.Parameters = map[string]string{ParameterPool: poolName}
+		resp, err := f.s.CreateVolume(ctx(t), req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		id, _ := pool.ParseVolumeID(resp.Volume.VolumeId)
+		return id
+	}
+	stage := func(id pool.VolumeID, node string, start time.Time, ro bool) {
+		t.Helper()
+		if err := f.pools[id.Pool].WriteStaged(pool.Staged{VolumeID: id.String(), Node: node, NodeStart: start, Staged: time.Now(), ReadOnly: ro}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mount, block := volspectest.Mount("ext4", snw), volspectest.Block(snw)
+	fsVol := create("fs", "shared", mount)
+	blockVol := create("block", "shared", block)
+	localVol := create("local", "local", mount)
+	laterVol := create("later", "shared", mount)
+	roVol := create("ro", "shared", volspectest.Mount("ext4", mnro))
+	for _, id := range []pool.VolumeID{fsVol, blockVol, localVol, laterVol} {
+		stage(id, "n1", incarnation, false)
+	}
+	stage(laterVol, "n1", incarnation.Add(time.Minute), false) // rewritten by a later incarnation
+	stage(roVol, "n1", incarnation, true)
+	image := func(id pool.VolumeID) []byte {
+		b, err := os.ReadFile(filepath.Join(f.root, id.Pool, "volumes", id.Hash+".img"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	// What n1 "wrote": the fence's copy must hold it.
+	if err := os.WriteFile(filepath.Join(f.root, "shared", "volumes", fsVol.Hash+".img"), append(make([]byte, 1<<20-5), "hello"...), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	resp, err := f.s.FenceNode(ctx(t), &fenceapi.FenceNodeRequest{NodeID: "n1", Through: incarnation, AllowCopy: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]fenceapi.FencedVolume{}
+	for _, v := range resp.Volumes {
+		got[v.VolumeID] = v
+	}
+	for id, want := range map[pool.VolumeID]string{fsVol: "", blockVol: "torn image", localVol: "local", laterVol: "later incarnation", roVol: "read-only"} {
+		v, ok := got[id.String()]
+		switch {
+		case !ok:
+			t.Errorf("%s: not in the answer %+v", id, resp.Volumes)
+		case want == "" && (!v.Fenced || v.Method != pool.FenceCopy):
+			t.Errorf("%s: %+v, want fenced by copy", id, v)
+		case want != "" && (v.Fenced || !strings.Contains(v.Reason, want)):
+			t.Errorf("%s: %+v, want not fenced because %q", id, v, want)
+		}
+		_, err := f.pools[id.Pool].ReadStaged(id, "n1")
+		if fenced := want == ""; fenced != (err != nil) {
+			t.Errorf("%s: staged record after the fence: %v (fenced %t)", id, err, fenced)
+		}
+	}
+	if b := image(fsVol); !strings.HasSuffix(string(b), "hello") {
+		t.Error("the fence's copy lost the image's data")
+	}
+	// Idempotent: nothing of n1's is left to fence but what stays.
+	again, err := f.s.FenceNode(ctx(t), &fenceapi.FenceNodeRequest{NodeID: "n1", Through: incarnation, AllowCopy: true})
+	if err != nil || len(again.Volumes) != 4 {
+		t.Errorf("second FenceNode = %+v, %v; want the 4 volumes left, none fenced again", again, err)
+	}
+	for _, v := range again.Volumes {
+		if v.Method != "" {
+			t.Errorf("second FenceNode replaced the image of %s again", v.VolumeID)
+		}
+	}
+	_, err = f.s.FenceNode(ctx(t), &fenceapi.FenceNodeRequest{NodeID: "../n1"})
+	wantCode(t, err, codes.InvalidArgument)
 }

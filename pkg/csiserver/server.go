@@ -16,6 +16,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/loopvol/loopvol/internal/unixsock"
+	"github.com/loopvol/loopvol/pkg/fenceapi"
 )
 
 // Config says what to serve where.
@@ -26,6 +27,9 @@ type Config struct {
 	Identity   csi.IdentityServer
 	Controller csi.ControllerServer
 	Node       csi.NodeServer
+	// Fence is loopvol's fencing service (pkg/fenceapi), beside the
+	// Controller service; may be nil.
+	Fence fenceapi.FenceServer
 	// Metrics records csi_plugin_operations_seconds; may be nil.
 	Metrics metrics.CSIMetricsManager
 }
@@ -65,6 +69,9 @@ func Listen(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	if cfg.Node != nil {
 		csi.RegisterNodeServer(g, cfg.Node)
+	}
+	if cfg.Fence != nil {
+		fenceapi.RegisterFenceServer(g, cfg.Fence)
 	}
 	return &Server{grpc: g, listener: l}, nil
 }

@@ -1,0 +1,133 @@
+// Package fenceapi is the driver's fencing service, beside CSI on the
+// driver's socket: what the sidecar's fencing controller calls when a node
+// has stopped renewing its heartbeat (docs/fencing.md).
+//
+// CSI has no call that says "this node is gone, take its volumes from it":
+// ControllerUnpublishVolume detaches one volume from a node on the CO's
+// word, and the attachment is the CO's to remove. FenceNode leaves every
+// attachment as it is (kube-controller-manager still detaches, at once once
+// the node is out of service) and makes sure the node no longer reaches any
+// volume it had staged, so that the detach that follows is safe. ceph-csi
+// has the same split with csi-addons' NetworkFence.
+//
+// The service is gRPC with JSON messages (a codec of this package), not
+// protobuf: two plain structs need no code generator in the build, and the
+// sidecar and the driver are always built together. The codec is used only
+// by calls that ask for it (content subtype "json"), so CSI's protobuf calls
+// on the same socket are untouched.
+package fenceapi
+
+import (
+	"context"
+	"encoding/json"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/encoding"
+)
+
+// Service and method names on the wire.
+const (
+	ServiceName     = "loopvol.fence.v1.Fence"
+	FenceNodeMethod = "/" + ServiceName + "/FenceNode"
+)
+
+// FenceNodeRequest asks to fence a node from every shared-pool volume it
+// has staged.
+type FenceNodeRequest struct {
+	// NodeID is the node's ID, as in its staged records.
+	NodeID string `json:"nodeID"`
+	// Through is the last incarnation of the node's plugin that the caller
+	// knows stopped (the incarnation its heartbeat carried): records of
+	// incarnations that started later stay, so a node that came back and
+	// staged anew keeps its claim. The zero time means every incarnation up
+	// to the call.
+	Through time.Time `json:"through"`
+	// AllowCopy lets the fence of a filesystem volume on a pool without
+	// reflink be a full copy of its image (the node is known not to
+	// write: its own self-fence froze the volume, or the node is down).
+	AllowCopy bool `json:"allowCopy,omitempty"`
+}
+
+// FenceNodeResponse says what became of each volume the node had staged.
+type FenceNodeResponse struct {
+	Volumes []FencedVolume `json:"volumes"`
+}
+
+// FencedVolume is one volume the node had staged.
+type FencedVolume struct {
+	VolumeID string `json:"volumeID"`
+	// Pool is the pool its image lives in.
+	Pool string `json:"pool"`
+	// Fenced says the node no longer reaches the volume: its image was
+	// replaced now (Method) or before, and its staged record is gone.
+	Fenced bool `json:"fenced"`
+	// Method is how the image was replaced now: "reflink" or "copy"; empty
+	// when nothing was replaced.
+	Method string `json:"method,omitempty"`
+	// Seconds is how long its fence took.
+	Seconds float64 `json:"seconds,omitempty"`
+	// Reason says, when Fenced is false, why not, for an event a user reads:
+	// a local pool, other nodes staging it, read-only, no reflink.
+	Reason string `json:"reason,omitempty"`
+	// Error is a failure that a retry may not meet (the volume's lock held
+	// by another call, an I/O error): the caller calls again.
+	Error string `json:"error,omitempty"`
+}
+
+// FenceServer is the driver's side.
+type FenceServer interface {
+	FenceNode(context.Context, *FenceNodeRequest) (*FenceNodeResponse, error)
+}
+
+// RegisterFenceServer serves srv on s.
+func RegisterFenceServer(s grpc.ServiceRegistrar, srv FenceServer) {
+	s.RegisterService(&grpc.ServiceDesc{
+		ServiceName: ServiceName,
+		HandlerType: (*FenceServer)(nil),
+		Methods: []grpc.MethodDesc{{
+			MethodName: "FenceNode",
+			Handler: func(srv any, ctx context.Context, dec func(any) error, interceptor grpc.UnaryServerInterceptor) (any, error) {
+				req := new(FenceNodeRequest)
+				if err := dec(req); err != nil {
+					return nil, err
+				}
+				call := func(ctx context.Context, req any) (any, error) {
+					return srv.(FenceServer).FenceNode(ctx, req.(*FenceNodeRequest))
+				}
+				if interceptor == nil {
+					return call(ctx, req)
+				}
+				return interceptor(ctx, req, &grpc.UnaryServerInfo{Server: srv, FullMethod: FenceNodeMethod}, call)
+			},
+		}},
+	}, srv)
+}
+
+// Client is the sidecar's side.
+type Client struct{ cc grpc.ClientConnInterface }
+
+// NewClient calls the fencing service over cc (the driver's socket).
+func NewClient(cc grpc.ClientConnInterface) *Client { return &Client{cc: cc} }
+
+// FenceNode fences a node; a driver without the service answers
+// UNIMPLEMENTED.
+func (c *Client) FenceNode(ctx context.Context, req *FenceNodeRequest) (*FenceNodeResponse, error) {
+	resp := new(FenceNodeResponse)
+	if err := c.cc.Invoke(ctx, FenceNodeMethod, req, resp, grpc.CallContentSubtype(codecName)); err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+const codecName = "json"
+
+// jsonCodec marshals this package's messages. Registered under "json", it
+// is what gRPC uses for calls of content type application/grpc+json only.
+type jsonCodec struct{}
+
+func (jsonCodec) Marshal(v any) ([]byte, error)      { return json.Marshal(v) }
+func (jsonCodec) Unmarshal(data []byte, v any) error { return json.Unmarshal(data, v) }
+func (jsonCodec) Name() string                       { return codecName }
+
+func init() { encoding.RegisterCodec(jsonCodec{}) }
