@@ -4,7 +4,6 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 
@@ -37,8 +36,10 @@ type addFunc func(status csi.VolumeHealthErrorType, reason, format string, args 
 // call: what it cannot read, it does not report.
 //
 // eio says that a path of the volume could not even be looked at (EIO):
-// its filesystem shut down.
-func (n *node) deepHealth(a healthArgs, v *pool.Volume, dev string, found, eio bool, add addFunc) {
+// its filesystem shut down. replaced is a device of this node still serving
+// a file that was the image and was replaced by someone else than a fence
+// (health tells; a fence has its own entry), "" for none.
+func (n *node) deepHealth(a healthArgs, v *pool.Volume, dev string, found, eio bool, replaced string, add addFunc) {
 	p := n.residence(a.id)
 	image := p.ImagePath(a.id)
 	var st unix.Stat_t
@@ -48,12 +49,10 @@ func (n *node) deepHealth(a healthArgs, v *pool.Volume, dev string, found, eio b
 			"the image %s of volume %s holds %d bytes, the volume is %d: it was truncated outside loopvol and the data past %d bytes is gone; restore the volume from a snapshot",
 			image, a.id, st.Size, v.SizeBytes, st.Size)
 	}
-	if !found && imageErr == nil {
-		if old, ok := n.servingDeleted(image); ok {
-			add(csi.VolumeHealthErrorType_DATA_LOSS, reasonBackingFileReplaced,
-				"loop device %s still serves a deleted file that was at %s, and another file is there now: whatever is written to the volume goes to the deleted file and is lost when the device is detached. "+
-					"Stop the volume's Pods and copy the deleted file back from the device (dd if=%s) before unstaging", old, image, old)
-		}
+	if !found && imageErr == nil && replaced != "" {
+		add(csi.VolumeHealthErrorType_DATA_LOSS, reasonBackingFileReplaced,
+			"loop device %s still serves a deleted file that was at %s, and another file is there now: whatever is written to the volume goes to the deleted file and is lost when the device is detached. "+
+				"Stop the volume's Pods and copy the deleted file back from the device (dd if=%s) before unstaging", replaced, image, replaced)
 	}
 	if !found || (v != nil && v.AccessType == pool.AccessBlock) {
 		return
@@ -100,29 +99,6 @@ func (n *node) shutdown(path, dev string) (shut, ok bool) {
 	}
 	defer unix.Close(fd)
 	return errors.Is(unix.Syncfs(fd), unix.EIO), true
-}
-
-// servingDeleted finds a loop device of this node whose backing file is
-// image, deleted (the kernel appends " (deleted)"), while a file is at
-// image again: the image was replaced under the device. Another node's
-// devices are not this node's to report (pkg/loop List passes over them).
-func (n *node) servingDeleted(image string) (string, bool) {
-	// The kernel prints the path with symbolic links resolved.
-	names := []string{image}
-	if dir, err := filepath.EvalSymlinks(filepath.Dir(image)); err == nil {
-		names = append(names, filepath.Join(dir, filepath.Base(image)))
-	}
-	devs, err := n.Loop.List()
-	if err != nil {
-		return "", false
-	}
-	for _, dev := range devs {
-		st, err := n.Loop.Status(dev)
-		if err == nil && st.Deleted && slices.Contains(names, st.BackingFile) {
-			return dev, true
-		}
-	}
-	return "", false
 }
 
 func readInt(path string) (int64, bool) {

@@ -163,6 +163,18 @@ func (n *node) unpublish(ctx context.Context, a unpublishArgs) error {
 			return nil
 		}
 	}
+	fencedHere := false
+	if !found && mp.path == target.path {
+		// Published before a fence (fenced.go): the Pod's mount of the
+		// fenced device goes as the volume's would, so that the unstage
+		// can clean up the rest.
+		fenced, err := n.fencedDevices(a.id)
+		if err != nil {
+			return err
+		}
+		dev, found = n.fencedMount(mp, fenced)
+		fencedHere = found
+	}
 	if !found || mp.path != target.path || !n.mountedFrom(mp, dev) {
 		return volspec.Errorf(errInUse, "target path %s is mounted from %s, not from volume %s: not unmounting it", target.path, mp.source, a.id)
 	}
@@ -176,6 +188,10 @@ func (n *node) unpublish(ctx context.Context, a unpublishArgs) error {
 		logger.Info("Left the target path alone after unmounting: it is no regular file", "targetPath", target.path, "type", fileType(target.mode))
 	} else if err := remove(target, file); err != nil && !errors.Is(err, unix.ENOTEMPTY) && !errors.Is(err, unix.EEXIST) {
 		return fmt.Errorf("volume %s: %w", a.id, err)
+	}
+	if fencedHere {
+		logger.Info("Unpublished a fenced volume; what was written there since the fence was never part of the volume", "targetPath", target.path, "device", dev)
+		return nil
 	}
 	logger.V(2).Info("Unpublished volume", "targetPath", target.path)
 	return nil

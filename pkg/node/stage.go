@@ -54,6 +54,8 @@ func (n *node) stage(ctx context.Context, a stageArgs) error {
 	}
 
 	var staging *resolved
+	var mp mountEntry
+	var mounted bool
 	if !a.cap.block {
 		// Resolved once; everything below acts on the descriptors.
 		if staging, err = n.resolve(a.staging, true); err != nil {
@@ -63,8 +65,7 @@ func (n *node) stage(ctx context.Context, a stageArgs) error {
 		// Look at the staging path before attaching anything, so that a
 		// conflict changes nothing. Mounted from this volume: a repeated
 		// call, or a plugin that restarted; done.
-		mp, mounted, err := n.mountAt(staging)
-		if err != nil {
+		if mp, mounted, err = n.mountAt(staging); err != nil {
 			return err
 		}
 		if mounted {
@@ -80,7 +81,11 @@ func (n *node) stage(ctx context.Context, a stageArgs) error {
 				logger.V(4).Info("Volume was already staged", "stagingTargetPath", staging.path, "device", dev)
 				return n.growAfterStage(ctx, v, dev, staging, readOnly) // a growth that failed before
 			}
-			return volspec.Errorf(errConflict, "staging path %s is already mounted from %s, not from volume %s", staging.path, mp.source, a.id)
+			// A fenced device of the volume (fenced.go) is cleaned up
+			// below; anything else is a conflict.
+			if err := n.checkFencedMount(a.id, staging, mp); err != nil {
+				return err
+			}
 		}
 	}
 
@@ -88,6 +93,16 @@ func (n *node) stage(ctx context.Context, a stageArgs) error {
 	// move of the volume is refused until the unstage.
 	wrote, err := n.stageFenced(ctx, a.id, readOnly)
 	if err != nil {
+		return err
+	}
+	// Staged here before a fence and never unstaged (fenced.go): the
+	// staging path may still be mounted from the fenced device, which can
+	// no longer be the volume. It goes first, or the stage is refused
+	// while it is in use.
+	if err := n.cleanUpFencedBeforeStage(ctx, a.id, staging, mp, mounted); err != nil {
+		if wrote {
+			n.dropStaged(ctx, a.id)
+		}
 		return err
 	}
 	dev, err := n.ensureDevice(ctx, a.id, readOnly)
@@ -208,12 +223,17 @@ func (n *node) ensureDevice(ctx context.Context, id pool.VolumeID, readOnly bool
 
 // unstage implements NodeUnstageVolume. It needs no volume record, so a
 // volume whose record is damaged can still be cleaned up. Only a mount of
-// this volume's device is unmounted, and only an empty directory removed; a
-// staging path that leads through a symbolic link or is not a directory
-// holds nothing of this volume, and is left alone.
+// this volume's device (or of a fenced device of it, fenced.go) is
+// unmounted, and only an empty directory removed; a staging path that leads
+// through a symbolic link or is not a directory holds nothing of this
+// volume, and is left alone.
 func (n *node) unstage(ctx context.Context, a unstageArgs) error {
 	logger := klog.FromContext(ctx)
 	dev, found, err := n.findDevice(a.id)
+	if err != nil {
+		return err
+	}
+	fenced, err := n.fencedDevices(a.id)
 	if err != nil {
 		return err
 	}
@@ -231,7 +251,13 @@ func (n *node) unstage(ctx context.Context, a unstageArgs) error {
 		if err != nil {
 			return err
 		}
-		if mounted {
+		fencedDev, fencedHere := n.fencedMount(mp, fenced)
+		switch {
+		case mounted && fencedHere && mp.path == staging.path:
+			if err := n.unmountFenced(ctx, a.id, staging, fencedDev); err != nil {
+				return err
+			}
+		case mounted:
 			if !found || mp.path != staging.path || !n.mountedFrom(mp, dev) {
 				return volspec.Errorf(errInUse, "staging path %s is mounted from %s, not from volume %s: not unmounting it", staging.path, mp.source, a.id)
 			}
@@ -253,6 +279,13 @@ func (n *node) unstage(ctx context.Context, a unstageArgs) error {
 				return fmt.Errorf("volume %s: %w", a.id, err)
 			}
 		}
+	}
+	stagingPath := a.staging
+	if staging != nil {
+		stagingPath = staging.path
+	}
+	if err := n.detachFenced(ctx, a.id, fenced, stagingPath); err != nil {
+		return err
 	}
 	if !found {
 		// Nothing attached: what a stage or an unstage that died left

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"time"
 
@@ -95,7 +96,10 @@ func (n *node) forgetStaged(ctx context.Context, id pool.VolumeID) error {
 
 // hasDevice reports whether this node has a loop device of volume id's image
 // in any pool it serves: where it lives, and where it lived before a move
-// (a device attached then keeps the old path).
+// (a device attached then keeps the old path). A fenced device (fenced.go)
+// does not count: it no longer writes the image, so a move loses nothing of
+// it, and the record it kept would refuse moves for a node the controller
+// fenced on purpose (pkg/loop Find passes over it).
 func (n *node) hasDevice(id pool.VolumeID) (bool, error) {
 	for _, p := range n.pools {
 		_, ok, err := n.Loop.Find(p.ImagePath(id))
@@ -113,8 +117,10 @@ func (n *node) hasDevice(id pool.VolumeID) (bool, error) {
 // devices when the plugin starts, before it serves: no RPC runs, so none is
 // half-way. A record without a device (a stage that died before its attach,
 // an unstage after its detach) is removed; a device without a record (staged
-// by a plugin older than the records) gets one. What cannot be told is left
-// as it is: a record stays, which keeps refusing moves.
+// by a plugin older than the records) gets one, unless it is a fenced device
+// (fenced.go): the fence broke its record on purpose, and NodeUnstageVolume
+// cleans it up. What cannot be told is left as it is: a record stays, which
+// keeps refusing moves.
 func (n *node) reconcileStaged(ctx context.Context) {
 	logger := klog.FromContext(ctx)
 	names := make([]string, 0, len(n.pools))
@@ -146,9 +152,10 @@ func (n *node) reconcileStaged(ctx context.Context) {
 		logger.Error(err, "Could not list this node's loop devices; volumes staged by an older plugin get no staged record")
 		return
 	}
+	replaced := map[string][]string{} // image → this node's fenced devices of it
 	for _, dev := range devs {
 		st, err := n.Loop.Status(dev)
-		if err != nil || st.Deleted {
+		if err != nil {
 			continue
 		}
 		for _, name := range names {
@@ -158,6 +165,23 @@ func (n *node) reconcileStaged(ctx context.Context) {
 			}
 			id, ok := n.pools[name].VolumeOfImage(hash)
 			if !ok || n.pools[id.Pool] == nil {
+				break
+			}
+			// Deleted, or (NFS marks nothing) another file by device and
+			// inode: a fenced device when a file is at the path again.
+			fenced, ok := replaced[st.BackingFile]
+			if !ok {
+				if fenced, err = n.Loop.FindReplaced(st.BackingFile); err != nil {
+					logger.Error(err, "Could not tell whether a loop device is fenced; it gets no staged record", "volumeID", id.String(), "device", dev)
+					break
+				}
+				replaced[st.BackingFile] = fenced
+			}
+			if slices.Contains(fenced, dev) {
+				logger.Info("Found a fenced volume; NodeUnstageVolume cleans it up", "volumeID", id.String(), "device", dev)
+				break
+			}
+			if st.Deleted {
 				break
 			}
 			if _, err := n.pools[id.Pool].ReadStaged(id, n.NodeID); errors.Is(err, pool.ErrNotFound) {

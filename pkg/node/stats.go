@@ -39,12 +39,22 @@ func (n *node) stats(_ context.Context, a statsArgs) (*csi.NodeGetVolumeStatsRes
 	if err != nil {
 		return nil, err
 	}
-	if !found {
-		return nil, volspec.Errorf(errPathMissing, "volume %s is not staged on node %s", a.id, n.NodeID)
-	}
 	mp, mounted, err := n.mountAt(r)
 	if err != nil {
 		return nil, err
+	}
+	if !found && mounted && mp.path == r.path {
+		// The usage of a fenced device is not the volume's (fenced.go).
+		fenced, err := n.fencedDevices(a.id)
+		if err != nil {
+			return nil, err
+		}
+		if fdev, ok := n.fencedMount(mp, fenced); ok {
+			return nil, errFencedHere(a.id, fdev, a.volumePath)
+		}
+	}
+	if !found {
+		return nil, volspec.Errorf(errPathMissing, "volume %s is not staged on node %s", a.id, n.NodeID)
 	}
 	if !mounted || mp.path != r.path || !n.mountedFrom(mp, dev) {
 		return nil, volspec.Errorf(errPathMissing, "volume %s is not mounted at %s", a.id, a.volumePath)
@@ -88,6 +98,7 @@ const (
 	reasonNoDevice      = "LoopDeviceMissing"
 	reasonNotMounted    = "NotMounted"
 	reasonWrongMount    = "MountedFromElsewhere"
+	reasonFenced        = "Fenced"
 )
 
 // health implements NodeGetVolumeHealth: it reports what is gone or wrong
@@ -106,6 +117,17 @@ func (n *node) health(_ context.Context, a healthArgs) (*csi.NodeGetVolumeHealth
 	if err != nil {
 		return nil, err
 	}
+	// Without a device of the image, one of a file replaced there: a
+	// fence when the controller also broke this node's staged record
+	// (fenced.go), else an image replaced by someone else (deepHealth).
+	var replaced []string
+	fence := false
+	if !found {
+		if replaced, err = n.fencedDevices(a.id); err != nil {
+			return nil, err
+		}
+		fence = len(replaced) > 0 && n.fencedRecordGone(a.id)
+	}
 	switch {
 	case errors.Is(recErr, pool.ErrNotFound) && errors.Is(imgErr, fs.ErrNotExist) && !found:
 		return nil, recErr
@@ -116,7 +138,7 @@ func (n *node) health(_ context.Context, a healthArgs) (*csi.NodeGetVolumeHealth
 	case recErr != nil:
 		return nil, recErr
 	default:
-		if _, ok := v.AttachedTo(n.NodeID); !ok && (found || a.staging != "" || a.publish != "") {
+		if _, ok := v.AttachedTo(n.NodeID); !ok && (found || len(replaced) > 0 || a.staging != "" || a.publish != "") {
 			add(csi.VolumeHealthErrorType_INACCESSIBLE, reasonNotAttached, "volume %s is in use on node %s but not attached to it", a.id, n.NodeID)
 		}
 	}
@@ -143,7 +165,12 @@ func (n *node) health(_ context.Context, a healthArgs) (*csi.NodeGetVolumeHealth
 	if !block {
 		paths = append(paths, a.staging) // a staged block volume mounts nothing
 	}
-	if (a.staging != "" || a.publish != "") && !found {
+	switch {
+	case fence:
+		add(csi.VolumeHealthErrorType_INACCESSIBLE, reasonFenced,
+			"%s (it is lost when the device is detached, and the volume may be in use on another node): stop the volume's Pods here and unstage it; NodeUnstageVolume detaches the fenced device and leaves the image alone",
+			fencedMessage(a.id, replaced[0]))
+	case (a.staging != "" || a.publish != "") && !found:
 		add(csi.VolumeHealthErrorType_INACCESSIBLE, reasonNoDevice, "volume %s has no loop device on node %s", a.id, n.NodeID)
 	}
 	notMounted, wrong := "", ""
@@ -170,6 +197,10 @@ func (n *node) health(_ context.Context, a healthArgs) (*csi.NodeGetVolumeHealth
 			add(csi.VolumeHealthErrorType_INACCESSIBLE, reasonWrongMount, "%s is mounted from %s, not from the volume's device %s", path, mp.source, dev)
 		}
 	}
-	n.deepHealth(a, v, dev, found, eio, add) // fshealth.go
+	other := ""
+	if !fence && len(replaced) > 0 {
+		other = replaced[0]
+	}
+	n.deepHealth(a, v, dev, found, eio, other, add) // fshealth.go
 	return &csi.NodeGetVolumeHealthResponse{VolumeHealth: &csi.VolumeHealth{VolumeId: a.id.String(), HealthStatuses: entries}}, nil
 }
