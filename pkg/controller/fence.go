@@ -150,7 +150,7 @@ func (s *Server) fence(ctx context.Context, home, where *pool.Pool, id pool.Volu
 		})
 	}
 	if err != nil {
-		return "", 0, fmt.Errorf("volume %s: fence it from node %s: %w", id, strings.Join(nodes, ", "), err)
+		return "", 0, fmt.Errorf("from node %s: %w", strings.Join(nodes, ", "), err)
 	}
 	for _, e := range entries {
 		if e.Record == nil {

@@ -1,0 +1,166 @@
+package driver
+
+import (
+	"bytes"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+
+	"github.com/loopvol/loopvol/internal/harness/testfs"
+)
+
+// TestForceDetachFences: a ControllerUnpublishVolume while the node still
+// has the volume staged and written is one the CO forced (a node that
+// stopped answering, an out-of-service taint). On a shared pool with
+// reflink the detach fences the volume before it answers: node B, still
+// writing, no longer reaches it; node A can attach and stage it at once and
+// finds every write B had synced before the fence and none after; what B
+// writes later changes nothing of the image; B's unstage then cleans up
+// its side without touching the volume. On a pool without reflink the
+// detach refuses (a copy under B's writes would be no consistent image)
+// and so does an attach to A, until B unstages.
+func TestForceDetachFences(t *testing.T) {
+	t.Run("reflink", func(t *testing.T) {
+		addr := freeAddress(t)
+		c := newClusterOn(t, func(dir, pool string) {
+			testfs.MountReflinkXFS(t, filepath.Join(dir, "pool.xfs"), pool, 4*gib) // sparse
+		}, "--http-endpoint="+addr)
+		cap := mountCap(snw, "ext4")
+		id := c.create(t, "pvc-fenced", 128*mib, cap)
+		if err := c.publish(t, id, "node-b", cap); err != nil {
+			t.Fatal(err)
+		}
+		targetB := c.stagePublish(t, c.nodeB, c.kubeletB, id, cap, false)
+		before := writeRandom(t, filepath.Join(targetB, "before"), 4<<20)
+
+		if _, err := c.ctrl.ControllerUnpublishVolume(bg(), &csi.ControllerUnpublishVolumeRequest{VolumeId: id, NodeId: "node-b"}); err != nil {
+			t.Fatalf("ControllerUnpublishVolume while node-b has it staged: %v", err)
+		}
+		// B goes on writing, and its writes succeed: they reach the old
+		// image, which is no longer the volume.
+		writeRandom(t, filepath.Join(targetB, "after"), 4<<20)
+
+		if err := c.publish(t, id, "node-a", cap); err != nil {
+			t.Fatalf("attach to node-a right after the fence: %v", err)
+		}
+		targetA := c.stagePublish(t, c.nodeA, c.kubeletA, id, cap, false) // mount-utils fscks it first
+		if got := checksum(t, filepath.Join(targetA, "before")); !bytes.Equal(got, before) {
+			t.Error("node-a reads another 'before' than node-b synced before the fence")
+		}
+		if _, err := os.Stat(filepath.Join(targetA, "after")); !os.IsNotExist(err) {
+			t.Errorf("node-a sees what node-b wrote after the fence: stat = %v", err)
+		}
+		writeRandom(t, filepath.Join(targetA, "on-a"), 1<<20)
+		c.unpublishUnstage(t, c.nodeA, c.kubeletA, id)
+		image := filepath.Join(c.pool, "volumes", filepath.Ext(id)[1:]+".img")
+		sum := checksum(t, image)
+
+		// B keeps writing into what it has; the image does not change.
+		writeRandom(t, filepath.Join(targetB, "later"), 4<<20)
+		if out, err := exec.Command("sync").CombinedOutput(); err != nil {
+			t.Fatalf("sync: %v: %s", err, out)
+		}
+		if !bytes.Equal(checksum(t, image), sum) {
+			t.Fatal("node-b's writes after the fence changed the volume's image")
+		}
+		// B comes back to its senses (kubelet unpublishes and unstages):
+		// its fenced device goes, the volume stays as it is.
+		c.unpublishUnstage(t, c.nodeB, c.kubeletB, id)
+		if !bytes.Equal(checksum(t, image), sum) {
+			t.Fatal("node-b's unstage of its fenced volume changed the volume's image")
+		}
+		if _, err := os.Stat(filepath.Join(c.pool, "staged", filepath.Ext(id)[1:]+".node-b.json")); !os.IsNotExist(err) {
+			t.Errorf("node-b's staged record is still there: %v", err)
+		}
+
+		metrics := scrape(t, "http://"+addr+"/metrics")
+		for _, want := range []string{
+			`loopvol_fenced_volumes_total{method="reflink",pool="shared"} 1`,
+			`loopvol_fence_duration_seconds_count{method="reflink"} 1`,
+		} {
+			if !strings.Contains(metrics, want) {
+				t.Errorf("metrics lack %s", want)
+			}
+		}
+		if _, err := c.ctrl.ControllerUnpublishVolume(bg(), &csi.ControllerUnpublishVolumeRequest{VolumeId: id, NodeId: "node-a"}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.ctrl.DeleteVolume(bg(), &csi.DeleteVolumeRequest{VolumeId: id}); err != nil {
+			t.Fatal(err)
+		}
+	})
+
+	t.Run("no-reflink", func(t *testing.T) {
+		c := newCluster(t)
+		cap := mountCap(snw, "ext4")
+		id := c.create(t, "pvc-unfenced", 64*mib, cap)
+		if err := c.publish(t, id, "node-b", cap); err != nil {
+			t.Fatal(err)
+		}
+		targetB := c.stagePublish(t, c.nodeB, c.kubeletB, id, cap, false)
+		data := writeRandom(t, filepath.Join(targetB, "data"), 1<<20)
+		_, err := c.ctrl.ControllerUnpublishVolume(bg(), &csi.ControllerUnpublishVolumeRequest{VolumeId: id, NodeId: "node-b"})
+		wantCode(t, "a forced detach on a pool without reflink", err, codes.FailedPrecondition)
+		if !strings.Contains(err.Error(), "no reflink") {
+			t.Errorf("the refusal does not say why: %v", err)
+		}
+		t.Logf("refused: %v", err)
+		err = c.publish(t, id, "node-a", cap)
+		wantCode(t, "attach to node-a while node-b, detached, still has it staged", err, codes.FailedPrecondition)
+		if !strings.Contains(err.Error(), "still has it staged") {
+			t.Errorf("the refusal does not say why: %v", err)
+		}
+		// Once B unstages, the detach is done and A may have it.
+		c.unpublishUnstage(t, c.nodeB, c.kubeletB, id)
+		if _, err := c.ctrl.ControllerUnpublishVolume(bg(), &csi.ControllerUnpublishVolumeRequest{VolumeId: id, NodeId: "node-b"}); err != nil {
+			t.Fatalf("ControllerUnpublishVolume once node-b unstaged: %v", err)
+		}
+		if err := c.publish(t, id, "node-a", cap); err != nil {
+			t.Fatal(err)
+		}
+		targetA := c.stagePublish(t, c.nodeA, c.kubeletA, id, cap, false)
+		if !bytes.Equal(checksum(t, filepath.Join(targetA, "data")), data) {
+			t.Error("node-a reads other data than node-b wrote")
+		}
+		c.unpublishUnstage(t, c.nodeA, c.kubeletA, id)
+		if _, err := c.ctrl.ControllerUnpublishVolume(bg(), &csi.ControllerUnpublishVolumeRequest{VolumeId: id, NodeId: "node-a"}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.ctrl.DeleteVolume(bg(), &csi.DeleteVolumeRequest{VolumeId: id}); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+// freeAddress returns a loopback address with a port free at the time.
+func freeAddress(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+func scrape(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(body)
+}
