@@ -249,3 +249,48 @@ func TestFencedPeerDeviceLeftAlone(t *testing.T) {
 		t.Errorf("devices after A's unstage: %v, want B's %s only", attached, devB)
 	}
 }
+
+// TestStageRacingAForcedDetach: the CO forces a detach (and the controller
+// fences) while this node is staging the volume, after its staged record
+// and its first read of the attachment. The stage reads the attachment
+// again once the image is open, finds it gone and refuses: it never
+// attaches the image the fence put in place, and leaves no record.
+func TestStageRacingAForcedDetach(t *testing.T) {
+	f := newFixture(t)
+	id := f.volume("raced", pool.AccessMount, "", pool.Attachment{Node: testNode})
+	detached := false
+	f.loop.OnCall = func(call string) {
+		// The first Find is ensureDevice's, after stageFenced's read.
+		if detached || !strings.HasPrefix(call, "Find ") {
+			return
+		}
+		detached = true
+		unlock, err := f.pool.Lock(id)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer unlock()
+		_, v, err := f.pool.Locate(id, nil)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		v.Attachments = nil
+		if err := f.pool.WriteVolume(v); err != nil {
+			t.Error(err)
+		}
+	}
+	_, err := f.srv.NodeStageVolume(f.ctx, f.stageReq(id, volspectest.Mount("", snw)))
+	f.loop.OnCall = nil
+	if !detached {
+		t.Fatal("the stage never looked for a device: the test raced nothing")
+	}
+	wantError(t, err, codes.FailedPrecondition, "not attached")
+	if devs, _ := f.loop.List(); len(devs) != 0 {
+		t.Errorf("the stage attached %v after the detach", devs)
+	}
+	if _, err := f.pool.ReadStaged(id, testNode); err == nil {
+		t.Error("the refused stage left its staged record")
+	}
+}

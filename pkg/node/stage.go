@@ -205,6 +205,16 @@ func (n *node) ensureDevice(ctx context.Context, id pool.VolumeID, readOnly bool
 	case err != nil:
 		return "", volspec.Errorf(pool.ErrCorrupt, "volume %s: its image %s cannot be used: %v", id, image, err)
 	}
+	// Read the attachment once more, now that the image is open: a
+	// detach that the CO forced (and its fence, pkg/controller/fence.go)
+	// may have come since stageFenced's read. Either it is durable now
+	// and this refuses, or it comes after this read, so after the open,
+	// and the fence's rename replaces the file this device is bound to:
+	// this node never attaches the image that replaced it.
+	if _, _, _, err := n.attachedVolume(id); err != nil {
+		f.Close()
+		return "", err
+	}
 	dev, err = n.Loop.AttachFile(ctx, f, image, readOnly)
 	f.Close() // the loop device holds its own reference
 	if err != nil {

@@ -41,6 +41,11 @@ type Fake struct {
 	// Calls lists the calls made through this Fake (not its peers), in
 	// order, as "Attach /pool/x.img" and the like.
 	Calls []string
+	// OnCall, when set, is called with each call as Calls records it,
+	// before the call does anything (with the Fake's lock held: it must
+	// not call the Fake): a test makes something happen between two
+	// steps of the code under test with it.
+	OnCall func(call string)
 }
 
 // machine is the devices the peers of a Fake share, the kernel's.
@@ -97,7 +102,11 @@ func (f *Fake) Peer(owner string) *Fake { return &Fake{machine: f.machine, owner
 func (f *Fake) Owner() string { return f.owner }
 
 func (f *Fake) call(format string, args ...any) error {
-	f.Calls = append(f.Calls, fmt.Sprintf(format, args...))
+	c := fmt.Sprintf(format, args...)
+	f.Calls = append(f.Calls, c)
+	if f.OnCall != nil {
+		f.OnCall(c)
+	}
 	return f.Err
 }
 
