@@ -3,7 +3,8 @@
 // device), bind-mounts it into pods, grows it and reports its usage and
 // health.
 //
-// The node plugin keeps no state of its own. Which device backs a volume
+// The node plugin keeps no state of its own, but for what its self-fence
+// froze (selffence.go). Which device backs a volume
 // comes from sysfs (pkg/loop Find, which sees only the devices this node
 // attached, by their owner tag, and untagged ones an older plugin left:
 // another node's plugin on the same kernel has its own device of a shared

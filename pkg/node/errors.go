@@ -27,6 +27,8 @@ var sentinelCodes = []volspec.Sentinels{
 	// device changed hands between a lookup and the act).
 	{Code: codes.FailedPrecondition, Errs: []error{loop.ErrBusy, loop.ErrNotAttached, loop.ErrNotOwned}},
 	{Code: codes.Aborted, Errs: []error{pool.ErrBusy}},
+	// A self-fenced node (selffence.go): retried, served once it renews.
+	{Code: codes.Unavailable, Errs: []error{errSelfFenced}},
 }
 
 // toStatus is the one place where errors become gRPC status codes.

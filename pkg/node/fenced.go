@@ -74,6 +74,14 @@ func (n *node) unmountFenced(ctx context.Context, id pool.VolumeID, staging *res
 	if len(users) > 0 {
 		return volspec.Errorf(errInUse, "%s, and it is still published at %v: stop the Pods that use it, then unstage it", fencedMessage(id, dev), users)
 	}
+	// Self-fenced before the fence, it is frozen still (selffence.go).
+	if mp, ok, err := n.mountAt(staging); err != nil {
+		return err
+	} else if ok && mp.path == staging.path {
+		if err := n.thawBeforeUnmount(ctx, id, staging, mp); err != nil {
+			return err
+		}
+	}
 	if _, err := n.unmountAll(staging, dev); err != nil {
 		return fmt.Errorf("volume %s: unmount its fenced device: %w", id, err)
 	}

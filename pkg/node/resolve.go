@@ -15,6 +15,12 @@ type node struct {
 	// ext4Size reads a device's ext4 superblock (see growExt4BeforeMount);
 	// nil with fake devices, which have nothing to read.
 	ext4Size func(dev string) (size, blockSize int64, err error)
+	// freezer freezes filesystems (selffence.go): the kernel's, or a
+	// fake's.
+	freezer fsFreezer
+	// sf is the self-fence's state (selffence.go), the one thing the node
+	// keeps in memory.
+	sf selfFence
 
 	Config
 	kubeletDir  string // cleaned

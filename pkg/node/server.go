@@ -44,8 +44,10 @@ type Config struct {
 	// do itself.
 	Mounter *mount.SafeFormatAndMount
 
-	// mounts replaces the kernel's mount table in the unit tests.
-	mounts mountTable
+	// mounts replaces the kernel's mount table in the unit tests, and
+	// freezer its freezes (nil there: nothing can be frozen).
+	mounts  mountTable
+	freezer fsFreezer
 }
 
 // Validate checks the configuration.
@@ -109,9 +111,14 @@ func New(cfg Config) (*Server, error) {
 	switch {
 	case cfg.mounts != nil:
 		n.mounts = cfg.mounts
+		n.freezer = cfg.freezer
+		if n.freezer == nil {
+			n.freezer = noFreezer{}
+		}
 	case real:
 		n.mounts = sysMounts{}
 		n.ext4Size = ext4Size
+		n.freezer = sysFreezer{}
 	default:
 		return nil, fmt.Errorf("node configuration: the mounter's Interface is %T, not mount-utils' own (mount.New)", cfg.Mounter.Interface)
 	}
@@ -179,11 +186,18 @@ func locked[A volumeArgs, R any](s *Server, a A, argErr error, act func(A) (*R, 
 }
 
 // NodeStageVolume attaches the volume's image and, in mount mode, makes the
-// filesystem if the device is blank and mounts it on the staging path.
+// filesystem if the device is blank and mounts it on the staging path. A
+// self-fenced node refuses volumes of shared pools (selffence.go).
 func (s *Server) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRequest) (*csi.NodeStageVolumeResponse, error) {
 	a, err := s.node.stageArgs(req)
 	return locked(s, a, err, func(a stageArgs) (*csi.NodeStageVolumeResponse, error) {
-		return &csi.NodeStageVolumeResponse{}, s.node.stage(ctx, a)
+		if err := s.node.refuseSelfFenced(a.id); err != nil {
+			return nil, err
+		}
+		if err := s.node.stage(ctx, a); err != nil {
+			return nil, err
+		}
+		return &csi.NodeStageVolumeResponse{}, s.node.freezeAfterStage(ctx, a.id)
 	})
 }
 
@@ -195,10 +209,14 @@ func (s *Server) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstageVolu
 	})
 }
 
-// NodePublishVolume bind-mounts the staged volume onto the target path.
+// NodePublishVolume bind-mounts the staged volume onto the target path. A
+// self-fenced node refuses volumes of shared pools (selffence.go).
 func (s *Server) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error) {
 	a, err := s.node.publishArgs(req)
 	return locked(s, a, err, func(a publishArgs) (*csi.NodePublishVolumeResponse, error) {
+		if err := s.node.refuseSelfFenced(a.id); err != nil {
+			return nil, err
+		}
 		return &csi.NodePublishVolumeResponse{}, s.node.publish(ctx, a)
 	})
 }

@@ -279,6 +279,9 @@ func (n *node) unstage(ctx context.Context, a unstageArgs) error {
 			} else if len(users) > 0 {
 				return volspec.Errorf(errInUse, "volume %s is still published at %v", a.id, users)
 			}
+			if err := n.thawBeforeUnmount(ctx, a.id, staging, mp); err != nil {
+				return err
+			}
 			if _, err := n.unmountAll(staging, dev); err != nil {
 				return fmt.Errorf("volume %s: %w", a.id, err)
 			}
