@@ -16,12 +16,14 @@ import (
 	"net"
 	"os"
 	"strings"
+	"time"
 
 	logsapi "k8s.io/component-base/logs/api/v1"
 	"k8s.io/klog/v2"
 
 	"github.com/loopvol/loopvol/internal/command"
 	"github.com/loopvol/loopvol/pkg/csiserver"
+	"github.com/loopvol/loopvol/pkg/heartbeat"
 	"github.com/loopvol/loopvol/pkg/pool"
 	"github.com/loopvol/loopvol/pkg/volspec"
 )
@@ -50,6 +52,13 @@ type config struct {
 	httpEndpoint  string
 	defaultFsType string
 	showVersion   bool
+
+	// The heartbeat (node mode; heartbeat.go).
+	heartbeatNamespace string
+	kubeconfig         string
+	heartbeatInterval  time.Duration
+	fencingPeriod      time.Duration
+	selfFenceAfter     time.Duration
 
 	logging *logsapi.LoggingConfiguration
 }
@@ -142,6 +151,11 @@ func newFlagSet(cfg *config, host string) *flag.FlagSet {
 	fs.Int64Var(&cfg.maxVolumes, "max-volumes-per-node", 128, "Most volumes attached to this node at once, reported by NodeGetInfo and enforced by ControllerPublishVolume (0: no limit).")
 	fs.StringVar(&cfg.httpEndpoint, "http-endpoint", "", "host:port to serve /metrics (CSI call counts and latencies, pool space) and /healthz on; empty: off.")
 	fs.StringVar(&cfg.defaultFsType, "default-fstype", volspec.DefaultFsType, "Filesystem of mount volumes whose request names none: ext4 or xfs.")
+	fs.StringVar(&cfg.heartbeatNamespace, "heartbeat-namespace", "", "Namespace of this node's heartbeat Lease, renewed by the node plugin (node mode); empty: no heartbeat, so loopvol never fences this node and it never self-fences (docs/fencing.md).")
+	fs.StringVar(&cfg.kubeconfig, "kubeconfig", "", "kubeconfig file of the heartbeat's API server; empty: the in-cluster config.")
+	fs.DurationVar(&cfg.heartbeatInterval, "heartbeat-interval", heartbeat.DefaultRenewInterval, "Time between two renewals of the heartbeat Lease.")
+	fs.DurationVar(&cfg.fencingPeriod, "fencing-period", heartbeat.DefaultFencingPeriod, "How long the heartbeat Lease may go unrenewed before this node may be fenced; written into the Lease, and the same for every node.")
+	fs.DurationVar(&cfg.selfFenceAfter, "self-fence-after", heartbeat.DefaultSelfFenceAfter, "How long without a successful renewal before the node freezes its shared-pool volumes itself; shorter than --fencing-period minus --heartbeat-interval and a margin of a fifth of the period.")
 	fs.BoolVar(&cfg.showVersion, "version", false, "Print the version and exit.")
 	logsapi.AddGoFlags(cfg.logging, fs)
 	return fs
@@ -183,7 +197,7 @@ func (c *config) validate() error {
 			errs = append(errs, fmt.Errorf("--http-endpoint %q is not host:port: %w", c.httpEndpoint, err))
 		}
 	}
-	return errors.Join(errs...)
+	return errors.Join(append(errs, c.validateHeartbeat()...)...)
 }
 
 // serves reports whether the driver runs the service of mode (controller or

@@ -45,6 +45,11 @@ func TestFlagsKeepTheirNamesDefaultsAndHelp(t *testing.T) {
 		{"max-volumes-per-node", "128", "Most volumes attached to this node at once, reported by NodeGetInfo and enforced by ControllerPublishVolume (0: no limit)."},
 		{"http-endpoint", "", "host:port to serve /metrics (CSI call counts and latencies, pool space) and /healthz on; empty: off."},
 		{"default-fstype", "ext4", "Filesystem of mount volumes whose request names none: ext4 or xfs."},
+		{"heartbeat-namespace", "", "Namespace of this node's heartbeat Lease, renewed by the node plugin (node mode); empty: no heartbeat, so loopvol never fences this node and it never self-fences (docs/fencing.md)."},
+		{"kubeconfig", "", "kubeconfig file of the heartbeat's API server; empty: the in-cluster config."},
+		{"heartbeat-interval", "2s", "Time between two renewals of the heartbeat Lease."},
+		{"fencing-period", "20s", "How long the heartbeat Lease may go unrenewed before this node may be fenced; written into the Lease, and the same for every node."},
+		{"self-fence-after", "10s", "How long without a successful renewal before the node freezes its shared-pool volumes itself; shorter than --fencing-period minus --heartbeat-interval and a margin of a fifth of the period."},
 		{"version", "false", "Print the version and exit."},
 	}
 	fs := newFlagSet(&config{logging: logsapi.NewLoggingConfiguration()}, testHost)
@@ -89,6 +94,10 @@ func TestParseFlagsDefaults(t *testing.T) {
 		kubeletDir:    "/var/lib/kubelet",
 		maxVolumes:    128,
 		defaultFsType: "ext4",
+
+		heartbeatInterval: 2 * time.Second,
+		fencingPeriod:     20 * time.Second,
+		selfFenceAfter:    10 * time.Second,
 	}
 	if d := cmp.Diff(want, got, cmp.AllowUnexported(config{})); d != "" {
 		t.Errorf("defaults (-want +got):\n%s", d)
@@ -129,6 +138,46 @@ func TestParseFlags(t *testing.T) {
 			args:  []string{"--mode=node", "--default-fstype=btrfs", "--pool=a=/a"},
 			check: func(c *config) bool { return c.defaultFsType == "btrfs" },
 		},
+		{
+			name: "node plugin with a heartbeat",
+			args: []string{"--mode=node", "--pool=a=/a", "--heartbeat-namespace=loopvol", "--kubeconfig=/etc/kubeconfig",
+				"--heartbeat-interval=1s", "--fencing-period=30s", "--self-fence-after=20s"},
+			check: func(c *config) bool {
+				return c.heartbeatNamespace == "loopvol" && c.kubeconfig == "/etc/kubeconfig" && c.heartbeatInterval == time.Second &&
+					c.fencingPeriod == 30*time.Second && c.selfFenceAfter == 20*time.Second
+			},
+		},
+		{
+			name:  "a heartbeat's durations are checked in mode all too, and not without a namespace",
+			args:  []string{"--pool=a=/a", "--self-fence-after=19s"},
+			check: func(c *config) bool { return c.selfFenceAfter == 19*time.Second },
+		},
+		{
+			name:    "self-fence too close to the fencing period",
+			args:    []string{"--mode=node", "--pool=a=/a", "--heartbeat-namespace=loopvol", "--self-fence-after=15s"},
+			wantErr: []string{"--heartbeat-namespace, --heartbeat-interval, --fencing-period, --self-fence-after:", "exceeds the fencing period 20s"},
+		},
+		{
+			name:    "self-fence within two renewals",
+			args:    []string{"--mode=node", "--pool=a=/a", "--heartbeat-namespace=loopvol", "--heartbeat-interval=3s", "--self-fence-after=5s", "--fencing-period=60s"},
+			wantErr: []string{"--self-fence-after:", "shorter than two renew intervals"},
+		},
+		{
+			name:    "bad heartbeat namespace",
+			args:    []string{"--mode=node", "--pool=a=/a", "--heartbeat-namespace=Not_A_Namespace"},
+			wantErr: []string{"--heartbeat-namespace", `the namespace "Not_A_Namespace" is not a valid namespace name`},
+		},
+		{
+			name:    "a heartbeat in controller mode",
+			args:    []string{"--mode=controller", "--pool=a=/a", "--heartbeat-namespace=loopvol"},
+			wantErr: []string{"--heartbeat-namespace: only a node plugin (--mode=node or all) renews a heartbeat, not --mode=controller"},
+		},
+		{
+			name:    "durations must be positive",
+			args:    []string{"--pool=a=/a", "--heartbeat-interval=0s", "--fencing-period=-1s", "--self-fence-after=0"},
+			wantErr: []string{"--heartbeat-interval=0s must be positive", "--fencing-period=-1s must be positive", "--self-fence-after=0s must be positive"},
+		},
+		{name: "bad duration", args: []string{"--fencing-period=soon"}, wantErr: []string{`invalid value "soon" for flag -fencing-period`}},
 		{name: "--version skips validation", args: []string{"--version", "--mode=bogus"}, check: func(c *config) bool { return c.showVersion }},
 		{name: "unknown mode", args: []string{"--mode=bogus", "--pool=a=/a"}, wantErr: []string{`--mode="bogus": want controller, node or all`}},
 		{name: "endpoint not a unix socket", args: []string{"--endpoint=tcp://1.2.3.4:5", "--pool=a=/a"}, wantErr: []string{"--endpoint:"}},
@@ -359,5 +408,30 @@ func TestRunRefusesAnAddressInUse(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(dir, "pool")); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("pool directory after the refused start: %v; want it untouched (not even made)", err)
+	}
+}
+
+// TestHeartbeatClientConfig: the heartbeat's API server comes from
+// --kubeconfig, or from the in-cluster config, whose absence says what to
+// do.
+func TestHeartbeatClientConfig(t *testing.T) {
+	t.Setenv("KUBERNETES_SERVICE_HOST", "")
+	t.Setenv("KUBERNETES_SERVICE_PORT", "")
+	if _, err := (&config{}).restConfig(); err == nil || !strings.Contains(err.Error(), "give --kubeconfig, or no --heartbeat-namespace") {
+		t.Errorf("no --kubeconfig outside a cluster: %v", err)
+	}
+	missing := filepath.Join(t.TempDir(), "none")
+	if _, err := (&config{kubeconfig: missing}).restConfig(); err == nil || !strings.HasPrefix(err.Error(), "--kubeconfig:") {
+		t.Errorf("--kubeconfig of a missing file: %v", err)
+	}
+	kc := filepath.Join(t.TempDir(), "kubeconfig")
+	data := "apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: 'https://127.0.0.1:6443'}}]\n" +
+		"users: [{name: u, user: {token: t}}]\ncontexts: [{name: x, context: {cluster: c, user: u}}]\ncurrent-context: x\n"
+	if err := os.WriteFile(kc, []byte(data), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	rc, err := (&config{kubeconfig: kc}).restConfig()
+	if err != nil || rc.Host != "https://127.0.0.1:6443" {
+		t.Errorf("--kubeconfig %s: %v, %+v", kc, err, rc)
 	}
 }

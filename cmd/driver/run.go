@@ -9,6 +9,7 @@ import (
 	"os"
 	"sync"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/klog/v2"
 	"k8s.io/mount-utils"
 	utilexec "k8s.io/utils/exec"
@@ -54,6 +55,7 @@ func run(ctx context.Context, cfg *config, listen listenFunc) error {
 		return err
 	}
 	srvCfg := csiserver.Config{Endpoint: cfg.endpoint}
+	var extra []prometheus.Collector // registered beside the pools'
 	served := pools
 	if cfg.serves(modeNode) {
 		byName := map[string]*pool.Pool{}
@@ -78,6 +80,17 @@ func run(ctx context.Context, cfg *config, listen listenFunc) error {
 		}
 		n.Start(ctx) // its staged records, as its loop devices say
 		srvCfg.Node = n
+		if cfg.heartbeatNamespace == "" {
+			// Nothing of this run freezes: what an earlier run, with a
+			// heartbeat, may have left frozen is thawed now.
+			n.ThawLeftovers(ctx)
+		} else {
+			r, err := startHeartbeat(ctx, cfg, n, wg.Go)
+			if err != nil {
+				return err
+			}
+			extra = append(extra, heartbeatCollectors(r, n)...)
+		}
 	}
 	if cfg.serves(modeController) {
 		// Loop: a volume mounted on this node is frozen for its snapshot.
@@ -102,6 +115,9 @@ func run(ctx context.Context, cfg *config, listen listenFunc) error {
 	mm.GetRegistry().RawMustRegister(poolmetrics.Collector{Usage: func() []poolmetrics.Usage {
 		return poolmetrics.Measure(served)
 	}})
+	for _, c := range extra {
+		mm.GetRegistry().RawMustRegister(c)
+	}
 	if srvCfg.Controller != nil {
 		for _, c := range controller.Collectors() { // fencing's
 			mm.GetRegistry().RawMustRegister(c)
