@@ -19,11 +19,11 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
-// Down stops the cluster and removes its state but the logs: pods are
-// deleted first (so kubelet unpublishes and unstages their volumes through
-// the node plugin), then kubelet, the containers and their shims, the
-// controllers, containerd, the apiserver and etcd; then what is left of
-// the mounts under Dir, the loop devices of files under Dir, the kubepods
+// Down stops the cluster and removes its state but the logs: a frozen node
+// is thawed and a cut link put up, then pods are deleted (so kubelet
+// unpublishes and unstages their volumes through the node plugin), then
+// kubelet, the containers and their shims, the controllers, containerd,
+// the apiserver and etcd; then what is left of the mounts under Dir, the loop devices of files under Dir, the kubepods
 // cgroups, and the directories outside Dir that Up made. It returns what it
 // could not clean up.
 func (c *Cluster) Down(ctx context.Context) error {
@@ -34,6 +34,12 @@ func (c *Cluster) Down(ctx context.Context) error {
 	// unmounts their volumes through the driver; so is a node's cut link.
 	running := c.Client != nil
 	for _, n := range c.nodes {
+		// A frozen node (a test that failed before ThawNode) first runs
+		// again: its kubelet must unmount, and its processes take
+		// SIGTERM only once continued.
+		if err := c.thaw(n); err != nil {
+			c.say("cluster: teardown: %v (going on)", err)
+		}
 		if n.Link != "" && n.ns != nil {
 			if err := ip("link", "set", n.Link, "up"); err != nil {
 				c.say("cluster: teardown: %v (going on)", err)

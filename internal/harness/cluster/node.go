@@ -69,6 +69,11 @@ type node struct {
 	// kubeletArgs and kubeletEnv start kubelet again (StartKubelet).
 	kubeletArgs []string
 	kubeletEnv  []string
+	// frozen: FreezeNode stopped the node's processes, stopped (by PID),
+	// and ThawNode has not continued them yet; Down thaws it first. Both
+	// guarded by mu in Cluster.
+	frozen  bool
+	stopped map[int]bool
 }
 
 // multi reports whether the cluster has nodes of their own namespaces.
