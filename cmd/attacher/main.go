@@ -43,9 +43,10 @@ const (
 	controllerResizer   = "resizer"
 	controllerWebhook   = "webhook"
 	controllerPlacement = "placement"
+	controllerFencing   = "fencing"
 )
 
-var knownControllers = []string{controllerAttach, controllerCapacity, controllerRegistrar, controllerResizer, controllerWebhook, controllerPlacement}
+var knownControllers = []string{controllerAttach, controllerCapacity, controllerRegistrar, controllerResizer, controllerWebhook, controllerPlacement, controllerFencing}
 
 // config holds every flag.
 type config struct {
@@ -85,6 +86,7 @@ type config struct {
 	registrar registrarConfig
 	resizer   resizerConfig
 	webhook   webhookConfig
+	fencing   fencingConfig
 
 	// Flags of the upstream sidecars, accepted so that their manifests run
 	// unchanged (compat.go).
@@ -190,7 +192,8 @@ func newFlagSet(cfg *config, getenv func(string) string) (*flag.FlagSet, *string
 	fs.StringVar(&cfg.kubeconfig, "kubeconfig", "", "Path to a kubeconfig file. Needed only outside a cluster; empty means the in-cluster service account.")
 	fs.StringVar(&controllers, "controllers", controllers, "Comma-separated controllers to run: "+strings.Join(knownControllers, ", ")+
 		". attach replaces external-attacher, capacity the CSIStorageCapacity controller of external-provisioner, registrar node-driver-registrar, resizer external-resizer, webhook the validating admission webhook (docs/webhook.md), "+
-		"placement an Event on each Pod the scheduler cannot place because the nodes its volumes live on take no Pods (which node and pool, and why: docs/deploy.md). "+
+		"placement an Event on each Pod the scheduler cannot place because the nodes its volumes live on take no Pods (which node and pool, and why: docs/deploy.md), "+
+		"fencing the fence of a node that stopped serving from its shared-pool volumes (docs/fencing.md). "+
 		"Default attach, or registrar when --kubelet-registration-path is given (a node-driver-registrar manifest).")
 	fs.UintVar(&cfg.workerThreads, "worker-threads", 32,
 		"Workers of the attach queue and, separately, of the detach queue, so a burst of detaches never starves attaches (the PersistentVolume queue gets a quarter); also the resizer's workers. "+
@@ -227,6 +230,7 @@ func newFlagSet(cfg *config, getenv func(string) string) (*flag.FlagSet, *string
 	cfg.registrar.addFlags(fs)
 	cfg.resizer.addFlags(fs)
 	cfg.webhook.addFlags(fs)
+	cfg.fencing.addFlags(fs)
 	cfg.compat.addFlags(fs)
 	logsapi.AddGoFlags(cfg.logging, fs)
 	return fs, &controllers
@@ -298,6 +302,11 @@ func (c *config) validate() error {
 	}
 	if c.runs(controllerWebhook) {
 		if err := c.webhook.validate(c); err != nil {
+			return err
+		}
+	}
+	if c.runs(controllerFencing) {
+		if err := c.fencing.validate(c); err != nil {
 			return err
 		}
 	}

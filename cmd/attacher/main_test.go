@@ -24,7 +24,7 @@ func TestParseFlagsDefaults(t *testing.T) {
 	got.logging = nil
 	got.compat = compatFlags{}
 	got.capacity, got.registrar, got.resizer = capacityConfig{}, registrarConfig{}, resizerConfig{}
-	got.webhook = webhookConfig{}
+	got.webhook, got.fencing = webhookConfig{}, fencingConfig{}
 	want := config{
 		csiAddress:                  "/run/csi/socket",
 		controllers:                 []string{"attach"},
@@ -43,7 +43,7 @@ func TestParseFlagsDefaults(t *testing.T) {
 		leaderElectionRetryPeriod:   5 * time.Second,
 		metricsPath:                 "/metrics",
 	}
-	if d := cmp.Diff(want, got, cmp.AllowUnexported(config{}, compatFlags{}, featureGates{}, capacityConfig{}, registrarConfig{}, resizerConfig{}, webhookConfig{})); d != "" {
+	if d := cmp.Diff(want, got, cmp.AllowUnexported(config{}, compatFlags{}, featureGates{}, capacityConfig{}, registrarConfig{}, resizerConfig{}, webhookConfig{}, fencingConfig{})); d != "" {
 		t.Errorf("defaults (-want +got):\n%s", d)
 	}
 }

@@ -189,6 +189,7 @@ func buildControllers(d *deps) ([]runner, error) {
 		controllerResizer:   buildResizer,
 		controllerWebhook:   buildWebhook,
 		controllerPlacement: buildPlacement,
+		controllerFencing:   buildFencing,
 	}
 	var out []runner
 	for _, name := range d.cfg.controllers {

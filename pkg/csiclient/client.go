@@ -149,6 +149,10 @@ func Connect(ctx context.Context, cfg Config) (*Client, error) {
 // DriverName is the name the driver reported in GetPluginInfo.
 func (c *Client) DriverName() string { return c.name }
 
+// Conn is the connection to the driver, for a service beside CSI on its
+// socket (pkg/fenceapi).
+func (c *Client) Conn() grpc.ClientConnInterface { return c.conn }
+
 // Capabilities returns the capabilities the driver reported at the last
 // successful probe.
 func (c *Client) Capabilities() Capabilities {

@@ -32,7 +32,7 @@ import (
 // deployDirs are the kustomizations a user applies: the base and every
 // overlay, and each component on the base ("base+components/<name>").
 var deployDirs = []string{"base", "overlays/local", "overlays/dev", "overlays/shared", "overlays/distributed",
-	"base+components/upstream-attacher"}
+	"base+components/upstream-attacher", "overlays/shared+components/fencing"}
 
 // renderDeploy renders deploy/kubernetes/<dir> with kustomize's library,
 // as `kubectl apply -k` would, and returns its objects. A dir of the form

@@ -99,6 +99,13 @@ type rig struct {
 // attacher would act on it.
 func newRig(t *testing.T, driverArgs ...string) *rig {
 	t.Helper()
+	return newRigWith(t, nil, driverArgs...)
+}
+
+// newRigWith is newRig with beforeDriver, if not nil, run on the rig just
+// before its driver starts (a filesystem mounted on its pool directory).
+func newRigWith(t *testing.T, beforeDriver func(r *rig), driverArgs ...string) *rig {
+	t.Helper()
 	driverproc.RequireRoot(t)
 	env := cluster.Env(t)
 	// Client-go logs through the test's logger; -v=2 keeps its reflector
@@ -144,6 +151,9 @@ func newRig(t *testing.T, driverArgs ...string) *rig {
 	}
 	r.driverArgs = append([]string{"--mode=all", "--node-id=" + nodeA, "--zone=e2e", "--pool=e2e=" + r.pool,
 		"--kubelet-dir=" + filepath.Join(r.dir, "kubelet"), "--max-volumes-per-node=0"}, driverArgs...)
+	if beforeDriver != nil {
+		beforeDriver(r)
+	}
 	r.startDriver()
 	return r
 }

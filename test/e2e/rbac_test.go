@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -35,7 +36,7 @@ func (r *rig) restrictedKubeconfig(user, namespace string, files ...string) stri
 }
 
 // bindRBACFiles creates the ClusterRoles and Roles of the deployment's RBAC
-// files (deploy/kubernetes/base/<file>), renamed with suffix so that
+// files (see rbacFile), renamed with suffix so that
 // several subjects never share one, and binds them to subject: ClusterRoles
 // cluster-wide, Roles in namespace. Everything is deleted when the test
 // ends.
@@ -54,7 +55,7 @@ func bindRBACFiles(t *testing.T, ctx context.Context, client kubernetes.Interfac
 		}
 	}()
 	for _, file := range files {
-		data, err := os.ReadFile(filepath.Join(root, "deploy", "kubernetes", "base", file))
+		data, err := os.ReadFile(rbacFile(root, file))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -117,6 +118,16 @@ func bindRBACFiles(t *testing.T, ctx context.Context, client kubernetes.Interfac
 			}
 		}
 	}
+}
+
+// rbacFile is the path of an RBAC file of the deployment: a name alone is
+// the base's (deploy/kubernetes/base/<file>), a path a component's
+// ("components/fencing/rbac-fencing.yaml", under deploy/kubernetes).
+func rbacFile(root, file string) string {
+	if strings.Contains(file, "/") {
+		return filepath.Join(root, "deploy", "kubernetes", file)
+	}
+	return filepath.Join(root, "deploy", "kubernetes", "base", file)
 }
 
 // grant is what one binding gives: rules, in namespace ("" cluster-wide).
