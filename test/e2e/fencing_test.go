@@ -53,7 +53,9 @@ func TestFencingControllerFencesAFrozenNode(t *testing.T) {
 		if _, err := r.client.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: r.labels()}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { ignoreNotFound(t, r.client.CoreV1().Nodes().Delete(context.WithoutCancel(ctx), name, metav1.DeleteOptions{})) })
+		t.Cleanup(func() {
+			ignoreNotFound(t, r.client.CoreV1().Nodes().Delete(context.WithoutCancel(ctx), name, metav1.DeleteOptions{}))
+		})
 		setReady(t, r, name, corev1.ConditionTrue)
 	}
 
