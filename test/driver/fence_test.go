@@ -9,12 +9,17 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 
 	"github.com/loopvol/loopvol/internal/harness/testfs"
+	"github.com/loopvol/loopvol/pkg/fenceapi"
+	"github.com/loopvol/loopvol/test/internal/driverproc"
 )
 
 // TestForceDetachFences: a ControllerUnpublishVolume while the node still
@@ -163,4 +168,138 @@ func scrape(t *testing.T, url string) string {
 		t.Fatal(err)
 	}
 	return string(body)
+}
+
+// TestFenceRaces: FenceNode (what the fencing controller calls) from two
+// controller processes at once fences each volume once, and one killed with
+// SIGKILL in the middle of a fence by copy leaves the volume as it was; the
+// retry fences it. Either way the volume ends as one image, fsck-clean,
+// with every byte the fenced node had synced, and the node's records gone.
+// The pool is a plain directory of the test's ext4 (no reflink): the fence
+// is a full copy, long enough to be killed in.
+func TestFenceRaces(t *testing.T) {
+	c := newCluster(t)
+	dir := filepath.Join(c.dir, "ctrl-2")
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	second := driverproc.Start(t, dir, "--mode=controller", "--zone=shared", "--pool=shared="+c.pool)
+	fencers := []*fenceapi.Client{fenceapi.NewClient(c.a.Conn), fenceapi.NewClient(second.Conn)}
+	cap := mountCap(snw, "ext4")
+	type vol struct {
+		id   string
+		data []byte
+	}
+	stageOnB := func(name string, size int64, fill int) vol {
+		t.Helper()
+		id := c.create(t, name, size, cap)
+		if err := c.publish(t, id, "node-b", cap); err != nil {
+			t.Fatal(err)
+		}
+		target := c.stagePublish(t, c.nodeB, c.kubeletB, id, cap, false)
+		return vol{id, writeRandom(t, filepath.Join(target, "data"), fill)}
+	}
+	// checkOnA: the fenced volume, detached from B, staged on A (fsck'd by
+	// mount-utils) holds B's data; then B cleans up its side.
+	checkOnA := func(v vol) {
+		t.Helper()
+		if _, err := c.ctrl.ControllerUnpublishVolume(bg(), &csi.ControllerUnpublishVolumeRequest{VolumeId: v.id, NodeId: "node-b"}); err != nil {
+			t.Fatalf("detach from the fenced node: %v", err)
+		}
+		if err := c.publish(t, v.id, "node-a", cap); err != nil {
+			t.Fatal(err)
+		}
+		target := c.stagePublish(t, c.nodeA, c.kubeletA, v.id, cap, false)
+		if !bytes.Equal(checksum(t, filepath.Join(target, "data")), v.data) {
+			t.Errorf("%s: node A reads other data than B synced before the fence", v.id)
+		}
+		c.unpublishUnstage(t, c.nodeA, c.kubeletA, v.id)
+		c.unpublishUnstage(t, c.nodeB, c.kubeletB, v.id)
+		if _, err := os.Stat(filepath.Join(c.pool, "staged", volumeHash(v.id)+".node-b.json")); !os.IsNotExist(err) {
+			t.Errorf("%s: node B's staged record is still there: %v", v.id, err)
+		}
+	}
+
+	t.Run("two controllers at once", func(t *testing.T) {
+		vols := []vol{stageOnB("pvc-race-1", 64*mib, 8<<20), stageOnB("pvc-race-2", 64*mib, 8<<20)}
+		replaced := map[string]int{}
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		for _, f := range fencers {
+			wg.Go(func() {
+				// Retried while a volume's lock is the other's, as the
+				// fencing controller retries.
+				for try := 0; try < 50; try++ {
+					resp, err := f.FenceNode(bg(), &fenceapi.FenceNodeRequest{NodeID: "node-b", AllowCopy: true})
+					if err != nil {
+						t.Errorf("FenceNode: %v", err)
+						return
+					}
+					busy := false
+					mu.Lock()
+					for _, v := range resp.Volumes {
+						if v.Method != "" {
+							replaced[v.VolumeID]++
+						}
+						busy = busy || v.Error != ""
+					}
+					mu.Unlock()
+					if !busy {
+						return
+					}
+					time.Sleep(20 * time.Millisecond)
+				}
+				t.Error("FenceNode kept failing")
+			})
+		}
+		wg.Wait()
+		for _, v := range vols {
+			if replaced[v.id] != 1 {
+				t.Errorf("%s: its image was replaced %d times by the two controllers, want once", v.id, replaced[v.id])
+			}
+			checkOnA(v)
+		}
+	})
+
+	t.Run("killed mid-fence", func(t *testing.T) {
+		v := stageOnB("pvc-killed", 1*gib, 256<<20)
+		image := filepath.Join(c.pool, "volumes", volumeHash(v.id)+".img")
+		before := inodeOf(t, image)
+		go fencers[1].FenceNode(bg(), &fenceapi.FenceNodeRequest{NodeID: "node-b", AllowCopy: true}) // killed under it
+		deadline := time.Now().Add(time.Minute)
+		for {
+			if tmps, _ := filepath.Glob(filepath.Join(c.pool, "volumes", "."+volumeHash(v.id)+".img.tmp-*")); len(tmps) > 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("the fence's copy never appeared")
+			}
+			time.Sleep(time.Millisecond)
+		}
+		second.Kill()
+		<-second.Done()
+		if inodeOf(t, image) != before {
+			t.Fatal("a fence killed during its copy replaced the image")
+		}
+		if _, err := os.Stat(filepath.Join(c.pool, "staged", volumeHash(v.id)+".node-b.json")); err != nil {
+			t.Fatalf("a fence killed before its rename broke the node's record: %v", err)
+		}
+		resp, err := fencers[0].FenceNode(bg(), &fenceapi.FenceNodeRequest{NodeID: "node-b", AllowCopy: true})
+		if err != nil || len(resp.Volumes) != 1 || !resp.Volumes[0].Fenced || resp.Volumes[0].Method != "copy" {
+			t.Fatalf("FenceNode after the kill = %+v, %v; want the volume fenced by copy", resp, err)
+		}
+		if inodeOf(t, image) == before {
+			t.Fatal("the retried fence left the old image")
+		}
+		checkOnA(v)
+	})
+}
+
+func inodeOf(t *testing.T, path string) uint64 {
+	t.Helper()
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		t.Fatal(err)
+	}
+	return st.Ino
 }
