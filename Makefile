@@ -151,7 +151,7 @@ test-images: ##@ hack/images' tests: both image recipes agree; the node image ru
 # their images.
 CLUSTER_DIR ?= $(RUN)/cluster
 
-.PHONY: cluster-tools cluster-images demo test-cluster test-multinode
+.PHONY: cluster-tools cluster-images demo test-cluster test-multinode bench-node-failure
 
 cluster-tools: ##@ Build everything the one-node cluster and its tests run into bin/, external-snapshotter too (once; cached in ~/.cache/loopvol/tools).
 	@echo "### cluster-tools"
@@ -170,6 +170,10 @@ test-cluster: cluster-images ##@ Tests on a real one-node cluster with loopvol d
 test-multinode: cluster-images ##@ Tests on a real cluster of two nodes on this machine: a shared pool, pools per node, fencing, moves, drain, failover (root; docs/cluster.md).
 	@echo "### test-multinode"
 	$(GO) test -count=1 -timeout 30m -v ./test/multinode/ 2>&1 | tee $(BIN)/multinode.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok)|_test.go|cluster: (up|down)' ; exit $${PIPESTATUS[0]}
+
+bench-node-failure: cluster-images ##@ The baseline of fencing (issue 26): a node frozen or cut off on two nodes without fencing, 6 minutes watched per case, ~21 min (docs/benchmarks.md).
+	@echo "### bench-node-failure"
+	LOOPVOL_NODE_FAILURE_BASELINE=1 $(GO) test -count=1 -timeout 60m -v -run '^TestNodeFailure$$' ./test/multinode/ 2>&1 | tee $(BIN)/node-failure.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok)|_test.go|cluster: (up|down)' ; exit $${PIPESTATUS[0]}
 
 # What the demo runs, and no more: no csi-attacher, external-snapshotter or
 # e2e suite tools or images, which only the tests use.
