@@ -158,6 +158,18 @@ func (f *observerFixture) takeEvents() []Event {
 	return out
 }
 
+// waitEvents takes the events OnChange was told, waiting until there are
+// as many as want: the Observer delivers them from a goroutine of its own,
+// after it judged, so they may come a moment after Stale says so.
+func (f *observerFixture) waitEvents(t *testing.T, want []string) []string {
+	t.Helper()
+	var got []string
+	for deadline := time.Now().Add(10 * time.Second); len(got) < len(want) && time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		got = append(got, eventSummary(f.takeEvents())...)
+	}
+	return got
+}
+
 func staleIDs(states []NodeState) []string {
 	var ids []string
 	for _, s := range states {
@@ -202,8 +214,8 @@ func TestObserverStaleAfterTheFencingPeriod(t *testing.T) {
 	if got := staleIDs(f.o.Stale()); !slices.Equal(got, []string{"node-b"}) {
 		t.Fatalf("%s after the sync: stale %v, want [node-b]", f.clk.Since(synced), got)
 	}
-	if got := eventSummary(f.takeEvents()); !slices.Equal(got, []string{"Stale node-b"}) {
-		t.Errorf("events %v, want [Stale node-b]", got)
+	if want, got := []string{"Stale node-b"}, f.waitEvents(t, []string{"Stale node-b"}); !slices.Equal(got, want) {
+		t.Errorf("events %v, want %v", got, want)
 	}
 	f.renew("node-a")
 	f.step(2 * time.Second)
@@ -222,8 +234,8 @@ func TestObserverStaleAfterTheFencingPeriod(t *testing.T) {
 		defer f.mu.Unlock()
 		return len(f.events) > 0
 	})
-	if got := eventSummary(f.takeEvents()); !slices.Equal(got, []string{"Back node-b"}) {
-		t.Errorf("events %v, want [Back node-b]", got)
+	if want, got := []string{"Back node-b"}, f.waitEvents(t, []string{"Back node-b"}); !slices.Equal(got, want) {
+		t.Errorf("events %v, want %v", got, want)
 	}
 	if f.o.Stale() != nil || !f.o.Fresh("node-b") {
 		t.Errorf("after node-b renewed: stale %v", staleIDs(f.o.Stale()))
@@ -241,8 +253,8 @@ func TestObserverStaleAfterTheFencingPeriod(t *testing.T) {
 	if f.o.Stale() != nil || f.o.Fresh("node-a") {
 		t.Errorf("after node-a's Lease was deleted: stale %v, fresh %v", staleIDs(f.o.Stale()), f.o.Fresh("node-a"))
 	}
-	if got := eventSummary(f.takeEvents()); !slices.Equal(got, []string{"Gone node-a"}) {
-		t.Errorf("events %v, want [Gone node-a]", got)
+	if want, got := []string{"Gone node-a"}, f.waitEvents(t, []string{"Gone node-a"}); !slices.Equal(got, want) {
+		t.Errorf("events %v, want %v", got, want)
 	}
 }
 
@@ -318,8 +330,8 @@ func TestObserverOutageRestartsTheCountdown(t *testing.T) {
 	if got := staleIDs(f.o.Stale()); !slices.Equal(got, []string{"node-b"}) {
 		t.Errorf("a fencing period after the outage: stale %v, want [node-b] (it never renewed)", got)
 	}
-	if got := eventSummary(f.takeEvents()); !slices.Equal(got, []string{"Stale node-b"}) {
-		t.Errorf("events %v, want [Stale node-b]", got)
+	if want, got := []string{"Stale node-b"}, f.waitEvents(t, []string{"Stale node-b"}); !slices.Equal(got, want) {
+		t.Errorf("events %v, want %v", got, want)
 	}
 }
 
