@@ -29,6 +29,9 @@ import (
 //     the fenced device up the same way; while it is in use the stage is
 //     refused (FAILED_PRECONDITION), since the staging path cannot hold the
 //     volume and the old device at once.
+//   - A filesystem still mounted from it is shut down (fencedshutdown.go):
+//     its Pods get I/O errors instead of writes that are lost, and can be
+//     torn down.
 //   - NodeGetVolumeStats and NodeGetVolumeHealth say the volume was fenced.
 //   - A fenced device never counts as the node's device of the volume: it
 //     neither keeps a staged record (hasDevice) nor gets one at start
@@ -74,7 +77,8 @@ func (n *node) unmountFenced(ctx context.Context, id pool.VolumeID, staging *res
 	if len(users) > 0 {
 		return volspec.Errorf(errInUse, "%s, and it is still published at %v: stop the Pods that use it, then unstage it", fencedMessage(id, dev), users)
 	}
-	// Self-fenced before the fence, it is frozen still (selffence.go).
+	// Self-fenced before the fence, it may be frozen still (selffence.go),
+	// unless its shutdown thawed it (fencedshutdown.go).
 	if mp, ok, err := n.mountAt(staging); err != nil {
 		return err
 	} else if ok && mp.path == staging.path {
@@ -105,6 +109,7 @@ func (n *node) detachFenced(ctx context.Context, id pool.VolumeID, devs []string
 		if err := n.Loop.Detach(dev); err != nil {
 			return fmt.Errorf("volume %s: detach its fenced device: %w", id, err)
 		}
+		n.shut.forget(dev)
 		klog.FromContext(ctx).Info("Cleaned up a fenced volume; what this node wrote to it since the fence was never part of the volume",
 			"volumeID", id.String(), "device", dev, "stagingTargetPath", stagingPath)
 	}

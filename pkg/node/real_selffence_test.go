@@ -53,8 +53,9 @@ func thawInCleanup(t *testing.T, dirs ...string) {
 // (a second node's record in it), SelfFence freezes a staged ext4 or xfs
 // volume: a write started after it does not complete until EndSelfFence,
 // which thaws it. A local pool's volume is never frozen. A volume fenced
-// while the node is self-fenced stays frozen after EndSelfFence, and its
-// unstage thaws it, unmounts it and cleans it up.
+// while the node is self-fenced is shut down by EndSelfFence instead of
+// thawed (TestRealSelfFencedVolumeFencedShutDown has its writers), and its
+// unstage unmounts it and cleans it up.
 func TestRealSelfFence(t *testing.T) {
 	for _, tc := range []struct {
 		fsType string
@@ -125,13 +126,13 @@ func TestRealSelfFence(t *testing.T) {
 				t.Error("still frozen after EndSelfFence")
 			}
 
-			// Fenced while self-fenced: frozen for good; the unstage
-			// cleans it up all the same.
+			// Fenced while self-fenced: shut down, so writes fail; the
+			// unstage cleans it up all the same.
 			f.srv.SelfFence(f.ctx)
 			f.fence(id)
 			f.srv.EndSelfFence(f.ctx)
-			if !probeFrozen(t, stage.StagingTargetPath) {
-				t.Error("the volume fenced while self-fenced was thawed")
+			if err := os.WriteFile(filepath.Join(publish.TargetPath, "after.bin"), []byte("lost"), 0o600); !errors.Is(err, unix.EIO) {
+				t.Errorf("a write to the volume fenced while self-fenced returned %v, want EIO", err)
 			}
 			f.unpublish(id, publish.TargetPath)
 			f.unstage(id, stage.StagingTargetPath)

@@ -21,6 +21,9 @@ type node struct {
 	// sf is the self-fence's state (selffence.go), the one thing the node
 	// keeps in memory.
 	sf selfFence
+	// shut remembers the fenced devices whose filesystem the node shut
+	// down (fencedshutdown.go), to log each once.
+	shut shutDowns
 
 	Config
 	kubeletDir  string // cleaned

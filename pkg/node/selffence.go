@@ -45,10 +45,11 @@ import (
 //
 // When a renewal succeeds again, EndSelfFence thaws what SelfFence froze,
 // except a volume fenced meanwhile (its loop device is of a replaced image,
-// fenced.go): its writes would go nowhere, so it stays frozen until
-// NodeUnstageVolume cleans it up, which thaws it (FITHAW) before the
-// unmount, as every unstage does, since an unmount of a frozen filesystem
-// blocks. While the node is self-fenced, NodeStageVolume and
+// fenced.go): its writes would go nowhere, and frozen its writers could not
+// even be killed, so its filesystem is shut down first and then thawed
+// (fencedshutdown.go): its Pods get I/O errors until NodeUnstageVolume
+// cleans it up. Every unstage thaws (FITHAW) before the unmount, since an
+// unmount of a frozen filesystem blocks. While the node is self-fenced, NodeStageVolume and
 // NodePublishVolume of shared-pool volumes are refused with UNAVAILABLE, so
 // that nothing new starts writing; a stage already under way when the
 // self-fence began freezes what it mounted before it answers.
@@ -59,7 +60,7 @@ import (
 // holds its heartbeat, at its first successful renewal (or at once when it
 // runs without one, since then nothing of it freezes). A fenced device is
 // never among them: pkg/loop Find passes over it, and the fence removed its
-// staged record.
+// staged record; ThawLeftovers shuts its filesystem down and thaws it.
 //
 // A filesystem that is frozen already when SelfFence comes to it (FIFREEZE
 // answers EBUSY) counts as frozen by it: it may be what a previous run left,
@@ -93,6 +94,10 @@ type fsFreezer interface {
 	// O_PATH, of the mount's root), else through e's path; thawed is false
 	// when it was not frozen (EINVAL).
 	thaw(e mountEntry, fd int) (thawed bool, err error)
+	// shutDown shuts the filesystem mounted at e down without flushing
+	// its log, then thaws it (fencedshutdown.go); thawed says it was
+	// frozen. errNoShutdown: it cannot be shut down (and is not thawed).
+	shutDown(e mountEntry) (thawed bool, err error)
 }
 
 // sysFreezer freezes with the ioctls, on a descriptor of the mount point
@@ -257,9 +262,9 @@ func (s *Server) SelfFence(ctx context.Context) {
 }
 
 // EndSelfFence ends the self-fence: it thaws what SelfFence (or a stage
-// under it) froze, except a volume fenced meanwhile, which stays frozen
-// until NodeUnstageVolume cleans it up, and serves stages and publishes of
-// shared-pool volumes again.
+// under it) froze, except a volume fenced meanwhile, whose filesystem it
+// shuts down before it thaws it (fencedshutdown.go), and serves stages and
+// publishes of shared-pool volumes again.
 func (s *Server) EndSelfFence(ctx context.Context) {
 	n := s.node
 	n.sf.op.Lock()
@@ -278,25 +283,33 @@ func (s *Server) EndSelfFence(ctx context.Context) {
 		keys = append(keys, k)
 	}
 	sort.Strings(keys)
-	thawed := 0
+	thawed, shut := 0, 0
 	for _, k := range keys {
-		if n.thawSelfFenced(ctx, frozen[k]) {
+		f := frozen[k]
+		switch ok, fenced := n.thawSelfFenced(ctx, f); {
+		case ok:
 			thawed++
+		case fenced && s.shutDownFencedLocked(ctx, f.id, f.dev):
+			shut++
 		}
 	}
-	klog.FromContext(ctx).Info("Ended the self-fence: the heartbeat is renewed again", "thawed", thawed, "frozen", len(frozen))
+	klog.FromContext(ctx).Info("Ended the self-fence: the heartbeat is renewed again", "thawed", thawed, "shutDown", shut, "frozen", len(frozen))
 }
 
-// ThawLeftovers thaws every shared-pool filesystem this node has staged,
-// in case an earlier run of this plugin left it frozen (see above), unless
-// the node is self-fenced now (EndSelfFence thaws them then: SelfFence
-// counted those frozen already as its own). The caller runs it once the
-// node holds its heartbeat: at the first successful renewal, or at start
-// when it runs without one.
+// ThawLeftovers shuts down (and thaws) the filesystems of fenced volumes
+// (fencedshutdown.go), then thaws every shared-pool filesystem this node
+// has staged, in case an earlier run of this plugin left it frozen (see
+// above), unless the node is self-fenced now (EndSelfFence thaws them
+// then: SelfFence counted those frozen already as its own). The caller
+// runs it once the node holds its heartbeat: at the first successful
+// renewal, or at start when it runs without one.
 func (s *Server) ThawLeftovers(ctx context.Context) {
 	n := s.node
 	n.sf.op.Lock()
 	defer n.sf.op.Unlock()
+	// Self-fenced or not: a fenced volume's writes are lost either way,
+	// and once its filesystem is shut down its writers can exit.
+	s.checkFenced(ctx)
 	if s.SelfFenced() {
 		return
 	}
@@ -373,13 +386,19 @@ func (n *node) fsMount(dev string) (mountEntry, bool, error) {
 	if err != nil {
 		return mountEntry{}, false, err
 	}
+	e, ok := rootMount(es, dev)
+	return e, ok, nil
+}
+
+// rootMount is fsMount in the mount table es.
+func rootMount(es []mountEntry, dev string) (mountEntry, bool) {
 	d := deviceOf(dev)
 	for _, e := range es {
 		if d.holds(e) && e.fsType != "devtmpfs" && (!e.real || e.root == "/") {
-			return e, true, nil
+			return e, true
 		}
 	}
-	return mountEntry{}, false, nil
+	return mountEntry{}, false
 }
 
 // freezeVolume freezes the filesystem of volume id (the caller holds its
@@ -431,35 +450,35 @@ func (n *node) freezeVolume(ctx context.Context, id pool.VolumeID) bool {
 }
 
 // thawSelfFenced thaws f, unless its volume was fenced meanwhile (f's device
-// is of a replaced image) or f's device is not the volume's any more; it
-// reports whether it thawed.
-func (n *node) thawSelfFenced(ctx context.Context, f frozenFS) bool {
+// is of a replaced image: fenced, for the caller to shut it down) or f's
+// device is not the volume's any more; it reports whether it thawed.
+func (n *node) thawSelfFenced(ctx context.Context, f frozenFS) (thawed, fenced bool) {
 	logger := klog.FromContext(ctx).WithValues("volumeID", f.id.String(), "device", f.dev)
-	fenced, err := n.fencedDevices(f.id)
+	devs, err := n.fencedDevices(f.id)
 	if err != nil {
-		logger.Error(err, "Could not tell whether a frozen volume was fenced; leaving it frozen until NodeUnstageVolume")
-		return false
+		logger.Error(err, "Could not tell whether a frozen volume was fenced; leaving it frozen, for the check of fenced volumes or NodeUnstageVolume")
+		return false, false
 	}
-	if slices.Contains(fenced, f.dev) {
-		logger.Info("Left a volume frozen: it was fenced while this node could not renew its heartbeat, so what it would write goes nowhere; NodeUnstageVolume cleans it up")
-		return false
+	if slices.Contains(devs, f.dev) {
+		logger.V(2).Info("Not thawing a volume fenced while this node could not renew its heartbeat: what it would write goes nowhere; its filesystem is shut down first")
+		return false, true
 	}
 	dev, ok, err := n.findDevice(f.id)
 	if err != nil || !ok || dev != f.dev {
 		logger.V(2).Info("Frozen volume's device is gone; nothing to thaw")
-		return false
+		return false, false
 	}
 	e, ok, err := n.fsMount(dev)
 	if err != nil || !ok {
 		logger.V(2).Info("Frozen volume's filesystem is not mounted any more; nothing to thaw")
-		return false
+		return false, false
 	}
 	if _, err := n.freezer.thaw(e, -1); err != nil {
 		logger.Error(err, "Could not thaw a shared-pool volume after the self-fence; its writers wait until it is thawed", "mountPoint", e.path)
-		return false
+		return false, false
 	}
 	logger.Info("Thawed a shared-pool volume: the heartbeat is renewed again", "mountPoint", e.path)
-	return true
+	return true, false
 }
 
 // refuseSelfFenced refuses a stage or publish of volume id while the node

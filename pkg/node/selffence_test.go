@@ -18,9 +18,11 @@ import (
 
 // fakeFreezer freezes fake mounts by mount point, as the kernel would: a
 // second freeze finds it frozen, a thaw of what is not frozen does nothing.
+// It counts the shutdowns of each mount point (shutDown thaws as well).
 type fakeFreezer struct {
 	mu     sync.Mutex
 	frozen map[string]bool
+	shut   map[string]int
 }
 
 func (z *fakeFreezer) freeze(e mountEntry) (bool, error) {
@@ -37,6 +39,25 @@ func (z *fakeFreezer) thaw(e mountEntry, _ int) (bool, error) {
 	was := z.frozen[e.path]
 	delete(z.frozen, e.path)
 	return was, nil
+}
+
+func (z *fakeFreezer) shutDown(e mountEntry) (bool, error) {
+	z.mu.Lock()
+	defer z.mu.Unlock()
+	if z.shut == nil {
+		z.shut = map[string]int{}
+	}
+	z.shut[e.path]++
+	was := z.frozen[e.path]
+	delete(z.frozen, e.path)
+	return was, nil
+}
+
+// shutDowns returns how often the filesystem at path was shut down.
+func (z *fakeFreezer) shutDowns(path string) int {
+	z.mu.Lock()
+	defer z.mu.Unlock()
+	return z.shut[path]
 }
 
 func (z *fakeFreezer) isFrozen(path string) bool {
@@ -177,11 +198,12 @@ func TestSelfFence(t *testing.T) {
 	}
 }
 
-// TestSelfFencedVolumeFencedStaysFrozen: a volume fenced while the node was
-// self-fenced stays frozen after EndSelfFence (its writes would go
-// nowhere); its unstage thaws it, then unmounts and cleans it up, as does
-// the unstage of a volume a self-fence left frozen.
-func TestSelfFencedVolumeFencedStaysFrozen(t *testing.T) {
+// TestSelfFencedVolumeFencedShutDown: a volume fenced while the node was
+// self-fenced is shut down by EndSelfFence, then thawed (its writes would
+// go nowhere, and frozen its writers could not exit); its unstage unmounts
+// and cleans it up, and the unstage of a volume a self-fence left frozen
+// thaws it first.
+func TestSelfFencedVolumeFencedShutDown(t *testing.T) {
 	f := newSelfFenceFixture(t)
 	fenced := f.volumeIn(f.pool, "fenced", pool.AccessMount)
 	kept := f.volumeIn(f.pool, "kept", pool.AccessMount)
@@ -190,11 +212,17 @@ func TestSelfFencedVolumeFencedStaysFrozen(t *testing.T) {
 	f.srv.SelfFence(f.ctx)
 	f.fence(fenced)
 	f.srv.EndSelfFence(f.ctx)
-	if !f.frozen.isFrozen(fencedStage.StagingTargetPath) {
-		t.Error("the fenced volume was thawed")
+	if n := f.frozen.shutDowns(fencedStage.StagingTargetPath); n != 1 {
+		t.Errorf("the fenced volume was shut down %d times, want once", n)
+	}
+	if f.frozen.isFrozen(fencedStage.StagingTargetPath) {
+		t.Error("the fenced volume is still frozen after its shutdown")
 	}
 	if f.frozen.isFrozen(keptStage.StagingTargetPath) {
 		t.Error("the volume that was not fenced is still frozen")
+	}
+	if n := f.frozen.shutDowns(keptStage.StagingTargetPath); n != 0 {
+		t.Errorf("the volume that was not fenced was shut down %d times", n)
 	}
 
 	for _, req := range []*csi.NodeStageVolumeRequest{fencedStage, keptStage} {

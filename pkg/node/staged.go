@@ -197,5 +197,10 @@ func (n *node) reconcileStaged(ctx context.Context) {
 }
 
 // Start reconciles this node's staged records with its loop devices (see
-// reconcileStaged). The caller runs it once, before it serves.
-func (s *Server) Start(ctx context.Context) { s.node.reconcileStaged(ctx) }
+// reconcileStaged), and starts the check that shuts down the filesystems of
+// fenced volumes every fencedCheckInterval (fencedshutdown.go) until ctx
+// ends. The caller runs it once, before it serves.
+func (s *Server) Start(ctx context.Context) {
+	s.node.reconcileStaged(ctx)
+	go s.watchFenced(ctx)
+}
