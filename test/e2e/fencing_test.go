@@ -7,6 +7,7 @@ import (
 	"crypto/sha256"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -43,6 +44,21 @@ import (
 func TestFencingControllerFencesAFrozenNode(t *testing.T) {
 	r := newRigWith(t, func(r *rig) {
 		testfs.MountReflinkXFS(r.t, filepath.Join(r.dir, "pool.xfs"), r.pool, 2<<30)
+	})
+	// Runs before the pool's unmount: whatever a failing test left mounted
+	// or attached under the rig's directory goes (autoclear for a busy
+	// device).
+	t.Cleanup(func() {
+		devs := driverproc.LoopDevicesOf(r.dir)
+		mounts := driverproc.Mounts(r.dir)
+		for i := len(mounts) - 1; i >= 0; i-- {
+			if f := strings.Fields(mounts[i]); len(f) > 4 && f[4] != r.pool {
+				_ = exec.Command("umount", "-l", f[4]).Run()
+			}
+		}
+		for _, dev := range devs {
+			_ = exec.Command("losetup", "-d", dev).Run()
+		}
 	})
 	ns := r.env.Namespace(t)
 	nodeB := r.nodeName("b")
