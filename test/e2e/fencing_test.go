@@ -188,7 +188,11 @@ func TestFencingControllerFencesAFrozenNode(t *testing.T) {
 	}
 	setReady(t, r, nodeB, corev1.ConditionTrue)
 	poll(t, ctx, "the taint removed", func() bool { return !hasTaint(t, r, nodeB) })
-	writeSynced(t, filepath.Join(targetB, "later"), 1<<20)
+	// B's plugin, back, shuts the fenced filesystem down (within its 10 s
+	// check): the Pod's writes fail with EIO instead of vanishing.
+	poll(t, ctx, "B's writes to its fenced volume failing", func() bool {
+		return os.WriteFile(filepath.Join(targetB, "later"), []byte("after the return\n"), 0o600) != nil
+	})
 	unpublishUnstage(t, ctx, nodeClientB, id, stagingB, targetB)
 	if !bytes.Equal(sum(t, image), imageSum) {
 		t.Error("node B's writes or unstage after the fence changed the volume's image")
