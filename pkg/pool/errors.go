@@ -40,6 +40,10 @@ var (
 	// (a fence that must not copy: FenceImageByReflink) would need a full
 	// copy of the image.
 	ErrNeedsCopy = errors.New("the pool's filesystem has no reflink: it would take a full copy")
+	// ErrWrittenDuringFence: a fence by full copy saw the image written
+	// while it copied it, so the copy is no consistent image and was
+	// thrown away: the node it fences writes again (it came back).
+	ErrWrittenDuringFence = errors.New("the image was written while the fence copied it")
 	// ErrTooLarge: a record would exceed MaxRecordBytes.
 	ErrTooLarge = errors.New("record too large")
 )

@@ -44,7 +44,21 @@ import (
 // Without reflink the new file is a full copy of the image's data: the
 // volume's writers wait for it (the caller holds the volume's lock, no node
 // stages it meanwhile) and it needs the space of the data once more, which
-// is refused with ErrNoSpace before anything changes. A reflinked fence
+// is refused with ErrNoSpace before anything changes. A copy is consistent
+// only if nothing writes the image while it is made: the caller fences by
+// copy a node it knows stopped, but that node can come back during the
+// copy (thawed, its link up) and write again. So the image's change and
+// modification times and size are read before the copy and again after
+// it is durable, and a copy during which they moved is thrown away
+// (ErrWrittenDuringFence), the image left the volume: the node is back,
+// and the caller, retrying, finds it serving. Every write through a loop
+// device updates them (the backing file's write path does, direct I/O or
+// not), and since Linux 6.13 (multigrain timestamps, ext4 and xfs) a
+// change right after the first read still shows as a new time; on older
+// kernels a write within the same clock tick as that read would not. A
+// write after the second read and before the rename is in the old inode
+// only: the fence is then the image as of that read, a point in time as
+// consistent as a crash. A reflinked fence
 // shares its blocks with the old inode for as long as the fenced node holds
 // it, and counts as copy-on-write reserve then (cow.go); it is made even
 // when the pool cannot back that reserve, since losing the fence would
@@ -112,12 +126,21 @@ func (p *Pool) fenceImage(ctx context.Context, id VolumeID, peers Peers, progres
 			q.vols.remove(tmp)
 		}
 	}()
-	method, err := q.fenceCopy(ctx, out, in, st.Size, v.Thin, progress, allowCopy)
+	var before unix.Stat_t
+	if err := unix.Fstat(int(in.Fd()), &before); err != nil {
+		return "", fmt.Errorf("volume %s: stat %s/%s: %w", id, q.vols.path, name, err)
+	}
+	method, err := q.fenceCopy(ctx, out, in, before.Size, v.Thin, progress, allowCopy)
 	if err != nil {
 		return "", fmt.Errorf("volume %s: fence: %w", id, err)
 	}
 	if err := out.Sync(); err != nil {
 		return "", fmt.Errorf("volume %s: fsync the fence's copy: %w", id, err)
+	}
+	if method == FenceCopy {
+		if err := unchangedSince(in, &before); err != nil {
+			return "", fmt.Errorf("volume %s: fence by copy of %s/%s: %w", id, q.vols.path, name, err)
+		}
 	}
 	if err := unix.Renameat(q.vols.fd(), tmp, q.vols.fd(), name); err != nil {
 		return "", fmt.Errorf("volume %s: rename the fence's copy over %s/%s: %w", id, q.vols.path, name, err)
@@ -127,6 +150,20 @@ func (p *Pool) fenceImage(ctx context.Context, id VolumeID, peers Peers, progres
 		return "", fmt.Errorf("volume %s: fenced, but not yet durably (the retry fences again): %w", id, err)
 	}
 	return method, nil
+}
+
+// unchangedSince returns an error wrapping ErrWrittenDuringFence if f's
+// size, modification or change time differs from before's.
+func unchangedSince(f *os.File, before *unix.Stat_t) error {
+	var now unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &now); err != nil {
+		return err
+	}
+	if now.Size != before.Size || now.Mtim != before.Mtim || now.Ctim != before.Ctim {
+		return fmt.Errorf("changed at %s (was %s): %w", time.Unix(now.Ctim.Unix()).UTC().Format(time.RFC3339Nano),
+			time.Unix(before.Ctim.Unix()).UTC().Format(time.RFC3339Nano), ErrWrittenDuringFence)
+	}
+	return nil
 }
 
 // fenceCopy fills out with in's size bytes: a reflink, or a copy of the

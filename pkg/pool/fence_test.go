@@ -2,6 +2,7 @@ package pool
 
 import (
 	"bytes"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -188,5 +189,76 @@ func TestFenceImageRefusedWithoutSpace(t *testing.T) {
 	after, err := os.Stat(p.ImagePath(id))
 	if err != nil || !os.SameFile(before, after) {
 		t.Fatalf("the refused fence changed the image: %v", err)
+	}
+}
+
+// TestFenceByCopyWrittenMeanwhile: the node a fence by copy fences comes
+// back during the copy and writes through its loop device. The copy is
+// thrown away (ErrWrittenDuringFence): the image stays the volume, with
+// that write, and nothing of the fence is left.
+func TestFenceByCopyWrittenMeanwhile(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: mounts an ext4 and attaches a loop device")
+	}
+	root := t.TempDir()
+	mnt := filepath.Join(root, "mnt")
+	must(t, os.Mkdir(mnt, 0o700))
+	testfs.Mount(t, filepath.Join(root, "fs.img"), mnt, 256<<20, "mkfs.ext4", "-q")
+	p, err := Open(Options{Name: "shared", Zone: "z1", Path: filepath.Join(mnt, "pool")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	v, err := p.CreateVolume(t.Context(), spec("returning", 32<<20))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, _ := ParseVolumeID(v.ID)
+	image := p.ImagePath(id)
+	before, err := os.Stat(image)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dev := attachLoop(t, image)
+	writeSynced(t, dev, 0, 'a')
+
+	unlock, err := p.Lock(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wrote := false
+	_, err = p.FenceImage(t.Context(), id, nil, func(done, total int64) {
+		if !wrote {
+			wrote = true
+			writeSynced(t, dev, 1<<20, 'b') // the node is back
+		}
+	})
+	unlock()
+	if !wrote {
+		t.Fatal("the fence made no copy (no progress heard)")
+	}
+	if !errors.Is(err, ErrWrittenDuringFence) {
+		t.Fatalf("a fence by copy of an image written meanwhile = %v, want ErrWrittenDuringFence", err)
+	}
+	t.Logf("refused: %v", err)
+	after, err := os.Stat(image)
+	if err != nil || !os.SameFile(before, after) {
+		t.Fatalf("the thrown-away fence replaced the image: %v", err)
+	}
+	got, err := os.ReadFile(image)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got[:1<<20], bytes.Repeat([]byte{'a'}, 1<<20)) || !bytes.Equal(got[1<<20:2<<20], bytes.Repeat([]byte{'b'}, 1<<20)) {
+		t.Error("the image lost a write: before the fence or during it")
+	}
+	names, err := p.vols.names()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range names {
+		if strings.HasPrefix(n, ".") {
+			t.Errorf("the thrown-away fence left %s", n)
+		}
 	}
 }

@@ -293,6 +293,73 @@ func TestFenceRaces(t *testing.T) {
 		}
 		checkOnA(v)
 	})
+
+	// The node comes back (thawed, its link up) while a fence by copy
+	// copies its volume, and writes: the copy is thrown away, the image
+	// stays the volume with every write, and the node goes on with it.
+	t.Run("node back during the fence", func(t *testing.T) {
+		v := stageOnB("pvc-back", 1*gib, 256<<20)
+		image := filepath.Join(c.pool, "volumes", volumeHash(v.id)+".img")
+		before := inodeOf(t, image)
+		fenced := make(chan *fenceapi.FenceNodeResponse, 1)
+		go func() {
+			resp, err := fencers[0].FenceNode(bg(), &fenceapi.FenceNodeRequest{NodeID: "node-b", AllowCopy: true})
+			if err != nil {
+				t.Errorf("FenceNode: %v", err)
+			}
+			fenced <- resp
+		}()
+		deadline := time.Now().Add(time.Minute)
+		for {
+			if tmps, _ := filepath.Glob(filepath.Join(c.pool, "volumes", "."+volumeHash(v.id)+".img.tmp-*")); len(tmps) > 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("the fence's copy never appeared")
+			}
+			time.Sleep(time.Millisecond)
+		}
+		// Node B writes until the fence answers, each write synced.
+		_, target := paths(c.kubeletB, filepath.Base(v.id))
+		var back []byte
+		var resp *fenceapi.FenceNodeResponse
+		for writes := 0; resp == nil; writes++ {
+			back = writeRandom(t, filepath.Join(target, "back"), 64<<10)
+			select {
+			case resp = <-fenced:
+				t.Logf("node B synced %d writes during the fence", writes+1)
+			default:
+			}
+		}
+		if len(resp.Volumes) != 1 || resp.Volumes[0].Fenced || !strings.Contains(resp.Volumes[0].Error, "written while the fence copied it") {
+			t.Fatalf("FenceNode while the node writes again = %+v; want the volume not fenced, its error saying it was written during the copy", resp.Volumes)
+		}
+		if inodeOf(t, image) != before {
+			t.Fatal("a fence whose copy was written meanwhile replaced the image")
+		}
+		if tmps, _ := filepath.Glob(filepath.Join(c.pool, "volumes", "."+volumeHash(v.id)+".img.tmp-*")); len(tmps) > 0 {
+			t.Errorf("the thrown-away fence left %v", tmps)
+		}
+		if _, err := os.Stat(filepath.Join(c.pool, "staged", volumeHash(v.id)+".node-b.json")); err != nil {
+			t.Fatalf("the thrown-away fence broke the node's record: %v", err)
+		}
+		// B goes on and later lets go as usual; A then has all of it.
+		c.unpublishUnstage(t, c.nodeB, c.kubeletB, v.id)
+		if _, err := c.ctrl.ControllerUnpublishVolume(bg(), &csi.ControllerUnpublishVolumeRequest{VolumeId: v.id, NodeId: "node-b"}); err != nil {
+			t.Fatalf("detach from node B: %v", err)
+		}
+		if inodeOf(t, image) != before {
+			t.Fatal("the detach of an unstaged volume replaced the image")
+		}
+		if err := c.publish(t, v.id, "node-a", cap); err != nil {
+			t.Fatal(err)
+		}
+		onA := c.stagePublish(t, c.nodeA, c.kubeletA, v.id, cap, false)
+		if !bytes.Equal(checksum(t, filepath.Join(onA, "data")), v.data) || !bytes.Equal(checksum(t, filepath.Join(onA, "back")), back) {
+			t.Error("node A reads other data than node B synced before and during the fence")
+		}
+		c.unpublishUnstage(t, c.nodeA, c.kubeletA, v.id)
+	})
 }
 
 func inodeOf(t *testing.T, path string) uint64 {

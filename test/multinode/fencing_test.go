@@ -1,14 +1,12 @@
 package multinode
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
 
 	"github.com/loopvol/loopvol/internal/harness/cluster"
-	"github.com/loopvol/loopvol/internal/harness/cluster/clustertest"
 	"github.com/loopvol/loopvol/internal/harness/testenv"
 )
 
@@ -70,30 +68,11 @@ patches:
 // pool, loopvol deployed with fencing on.
 func upFencing(t *testing.T) *cluster.Cluster {
 	t.Helper()
-	testenv.RequireRoot(t)
-	testenv.RequireLoopDevices(t)
-	if cluster.NetNSNodeIP() == "" {
-		t.Skip("a cluster of nodes needs the test binary in a network namespace of its own (TestMain)")
-	}
 	root, err := testenv.RepoRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
-	bin, err := testenv.BinDir()
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := clustertest.Up(t, "loopvol-multinode-", root, bin, "`make test-multinode`", images, func(cfg *cluster.Config) {
-		cfg.Nodes, cfg.NodeName = 2, "node"
-	})
-	dir, err := c.Overlay(fencingOverlay(t, root, t.TempDir()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Deploy(context.Background(), dir); err != nil {
-		t.Fatal(err)
-	}
-	return c
+	return upDir(t, false, root, fencingOverlay(t, root, t.TempDir()))
 }
 
 // TestNodeFailureFenced is TestNodeFailure's scenario with loopvol's
@@ -106,7 +85,7 @@ func upFencing(t *testing.T) *cluster.Cluster {
 // back, lets go of its side.
 func TestNodeFailureFenced(t *testing.T) {
 	c := upFencing(t)
-	for _, f := range nodeFaults[:1] { // CutOff: after the shutdown of fenced filesystems lands
+	for _, f := range nodeFaults {
 		t.Run(f.name, func(t *testing.T) { nodeFailure(t, c, f, false, true) })
 	}
 }

@@ -31,14 +31,21 @@ const nodeDisk = 512 << 20
 // (Cluster.Overlay), and tears it all down when the test ends.
 func up(t *testing.T, nodePools bool, overlay string) (*cluster.Cluster, string) {
 	t.Helper()
+	root, err := testenv.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return upDir(t, nodePools, root, filepath.Join(root, "deploy", "kubernetes", "overlays", overlay)), root
+}
+
+// upDir is up with the kustomization in dir, which may be one a test
+// wrote (fencingOverlay).
+func upDir(t *testing.T, nodePools bool, root, dir string) *cluster.Cluster {
+	t.Helper()
 	testenv.RequireRoot(t)
 	testenv.RequireLoopDevices(t)
 	if cluster.NetNSNodeIP() == "" {
 		t.Skip("a cluster of nodes needs the test binary in a network namespace of its own (TestMain)")
-	}
-	root, err := testenv.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
 	}
 	bin, err := testenv.BinDir()
 	if err != nil {
@@ -50,14 +57,14 @@ func up(t *testing.T, nodePools bool, overlay string) (*cluster.Cluster, string)
 			cfg.NodePoolBytes = nodeDisk
 		}
 	})
-	dir, err := c.Overlay(filepath.Join(root, "deploy", "kubernetes", "overlays", overlay))
+	deployed, err := c.Overlay(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := c.Deploy(context.Background(), dir); err != nil {
+	if err := c.Deploy(context.Background(), deployed); err != nil {
 		t.Fatal(err)
 	}
-	return c, root
+	return c
 }
 
 func namespace(t *testing.T, c *cluster.Cluster, name string) string {
