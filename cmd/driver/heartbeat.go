@@ -73,6 +73,7 @@ func (c *config) renewerConfig(client heartbeat.Client, incarnation time.Time, n
 	if n != nil {
 		rc.OnLost = n.SelfFence
 		rc.OnRegained = n.EndSelfFence
+		rc.FencedVolumes = n.FencedVolumes
 	}
 	return rc
 }

@@ -62,6 +62,7 @@ const (
 	ReasonWaitingNotReady  = "FencingWaitsForNotReady"
 	ReasonOutOfServiceOff  = "OutOfServiceTaintRemoved"
 	ReasonOutOfServiceOn   = "OutOfServiceTaintAdded"
+	ReasonOutOfServiceKept = "OutOfServiceTaintKept"
 	ReasonFenceFailed      = "FenceFailed"
 	defaultRecheckNotReady = 2 * time.Second
 )
@@ -134,6 +135,9 @@ type Controller struct {
 	// waiting is the nodes whose heartbeat is stale but whose kubelet
 	// still reports Ready, told once.
 	waiting map[string]bool
+	// unclean is the nodes back and Ready whose node plugin still holds
+	// fenced volumes, so that keep loopvol's taint, told once.
+	unclean map[string]bool
 }
 
 // New builds the controller.
@@ -157,6 +161,7 @@ func New(cfg Config) (*Controller, error) {
 		pvInformer: cfg.Informers.PersistentVolumes(kube.PVCapacity),
 		fenced:     map[string]time.Time{},
 		waiting:    map[string]bool{},
+		unclean:    map[string]bool{},
 	}
 	c.pvs = corelisters.NewPersistentVolumeLister(c.pvInformer.GetIndexer())
 	obs, err := heartbeat.NewObserver(heartbeat.ObserverConfig{
@@ -229,7 +234,7 @@ func (c *Controller) sync(ctx context.Context, id string) error {
 		return nil
 	}
 	if !state.Stale {
-		return c.back(ctx, id)
+		return c.back(ctx, state)
 	}
 	node, err := c.cfg.Client.CoreV1().Nodes().Get(ctx, id, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
@@ -313,9 +318,13 @@ func (c *Controller) fence(ctx context.Context, node *corev1.Node, state heartbe
 	return nil
 }
 
-// back handles a node whose heartbeat is fresh: once it is Ready again, the
-// out-of-service taint loopvol put on it comes off.
-func (c *Controller) back(ctx context.Context, id string) error {
+// back handles a node whose heartbeat is fresh: once it is Ready again and
+// clean (its node plugin says it holds no fenced volume any more: kubelet
+// has unmounted those of the Pods deleted meanwhile, and the plugin let go
+// of their devices), the out-of-service taint loopvol put on it comes off.
+// A plugin that does not count fenced volumes is taken at its Ready.
+func (c *Controller) back(ctx context.Context, state heartbeat.NodeState) error {
+	id := state.NodeID
 	c.mu.Lock()
 	_, wasFenced := c.fenced[id]
 	delete(c.waiting, id)
@@ -347,6 +356,23 @@ func (c *Controller) back(ctx context.Context, id string) error {
 		c.q.Q.AddAfter(id, defaultRecheckNotReady) // untainted once kubelet is Ready
 		return nil
 	}
+	if state.FencedVolumes > 0 {
+		c.mu.Lock()
+		told := c.unclean[id]
+		c.unclean[id] = true
+		c.mu.Unlock()
+		if !told {
+			klog.FromContext(ctx).Info("The fenced node is back and Ready but still holds fenced volumes: keeping the out-of-service taint until it has let go of them",
+				"node", id, "fencedVolumes", state.FencedVolumes)
+			c.recorder.Eventf(node, corev1.EventTypeNormal, ReasonOutOfServiceKept,
+				"%s is back and Ready, but loopvol's node plugin there still holds %d fenced volume(s): %s stays until kubelet has unmounted them and the plugin let go of them", id, state.FencedVolumes, TaintOutOfService)
+		}
+		c.q.Q.AddAfter(id, defaultRecheckNotReady)
+		return nil
+	}
+	c.mu.Lock()
+	delete(c.unclean, id)
+	c.mu.Unlock()
 	return c.setTaint(ctx, node, false)
 }
 
@@ -354,6 +380,7 @@ func (c *Controller) forget(id string) {
 	c.mu.Lock()
 	delete(c.fenced, id)
 	delete(c.waiting, id)
+	delete(c.unclean, id)
 	c.mu.Unlock()
 }
 
@@ -403,7 +430,7 @@ func (c *Controller) setTaint(ctx context.Context, node *corev1.Node, on bool) e
 			} else {
 				c.metrics.taints.WithLabelValues("removed").Inc()
 				klog.FromContext(ctx).Info("Took the out-of-service taint off a node that is back", "node", n.Name)
-				c.recorder.Eventf(n, corev1.EventTypeNormal, ReasonOutOfServiceOff, "loopvol took %s off %s: it is back, Ready and renews its heartbeat", TaintOutOfService, n.Name)
+				c.recorder.Eventf(n, corev1.EventTypeNormal, ReasonOutOfServiceOff, "loopvol took %s off %s: it is back, Ready, renews its heartbeat and holds no fenced volume", TaintOutOfService, n.Name)
 			}
 			return nil
 		})

@@ -3,8 +3,10 @@ package fencing
 import (
 	"context"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -125,7 +127,7 @@ func TestFencesAStaleNotReadyNode(t *testing.T) {
 			select {
 			case e := <-events.Events:
 				t.Logf("event: %s", e)
-				for _, r := range []string{ReasonWaitingNotReady, ReasonNodeFenced, ReasonVolumeFenced, ReasonVolumeNotFenced, ReasonOutOfServiceOn, ReasonOutOfServiceOff, ReasonNodeBack} {
+				for _, r := range []string{ReasonOutOfServiceKept, ReasonWaitingNotReady, ReasonNodeFenced, ReasonVolumeFenced, ReasonVolumeNotFenced, ReasonOutOfServiceOn, ReasonOutOfServiceOff, ReasonNodeBack} {
 					if strings.Contains(e, " "+r+" ") {
 						reasons[r] = true
 					}
@@ -160,12 +162,16 @@ func TestFencesAStaleNotReadyNode(t *testing.T) {
 		return reasons[ReasonNodeFenced] && reasons[ReasonVolumeFenced] && reasons[ReasonVolumeNotFenced] && reasons[ReasonOutOfServiceOn]
 	})
 
-	// Back: renewing again, and Ready again: the taint comes off.
+	// Back: renewing again, and Ready again, still holding a fenced
+	// volume: the taint stays; clean: the taint comes off.
+	var held atomic.Int64
+	held.Store(1)
 	renewing := make(chan struct{})
 	go func() {
 		defer close(renewing)
 		for ctx.Err() == nil {
 			l := lease("node-b", incarnation)
+			l.Annotations[heartbeat.FencedVolumesAnnotation] = strconv.Itoa(int(held.Load()))
 			if _, err := client.CoordinationV1().Leases(namespace).Update(ctx, l, metav1.UpdateOptions{}); err != nil && ctx.Err() == nil {
 				t.Error(err)
 				return
@@ -183,9 +189,16 @@ func TestFencesAStaleNotReadyNode(t *testing.T) {
 	if _, err := client.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	waitFor("the Event that the taint stays while the node holds a fenced volume", func() bool { drain(); return reasons[ReasonOutOfServiceKept] })
+	time.Sleep(300 * time.Millisecond) // a few renewals and rechecks
+	if !slices.ContainsFunc(taints(), func(t corev1.Taint) bool { return t.Key == TaintOutOfService }) {
+		t.Fatal("the taint came off while the node still held a fenced volume")
+	}
+	held.Store(0)
 	waitFor("the taint removed", func() bool {
 		return !slices.ContainsFunc(taints(), func(t corev1.Taint) bool { return t.Key == TaintOutOfService })
 	})
+	waitFor("the Event that the taint is off", func() bool { drain(); return reasons[ReasonOutOfServiceOff] })
 }
 
 // TestOperatorTaintIsLeft: an out-of-service taint that loopvol did not

@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"math"
+	"strconv"
 	"strings"
 	"time"
 
@@ -29,6 +30,11 @@ const (
 	// started (RFC 3339 with nanoseconds): a new value means the node
 	// plugin was restarted.
 	IncarnationAnnotation = "loopvol.csi.io/incarnation"
+	// FencedVolumesAnnotation is how many fenced volumes the node plugin
+	// still holds (loop devices of images a fence replaced, as it counted
+	// them before the renewal; a decimal): the node is clean of its
+	// fences when it is 0. A plugin that does not count writes none.
+	FencedVolumesAnnotation = "loopvol.csi.io/fenced-volumes"
 )
 
 // Defaults of the optional durations.
@@ -156,6 +162,16 @@ func incarnationOf(l *coordinationv1.Lease) time.Time {
 		return time.Time{}
 	}
 	return t
+}
+
+// fencedOf parses the Lease's fenced-volumes annotation (-1 if it is
+// missing or not a count).
+func fencedOf(l *coordinationv1.Lease) int {
+	n, err := strconv.Atoi(l.Annotations[FencedVolumesAnnotation])
+	if err != nil || n < 0 {
+		return -1
+	}
+	return n
 }
 
 // periodOf is the fencing period the Lease states (zero if none).

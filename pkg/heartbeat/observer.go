@@ -122,6 +122,10 @@ type NodeState struct {
 	// turned stale (zero unless Stale).
 	Stale    bool
 	StaleFor time.Duration
+	// FencedVolumes is how many fenced volumes the node plugin said it
+	// still holds at its last renewal (FencedVolumesAnnotation; -1 if it
+	// did not say).
+	FencedVolumes int
 }
 
 // Observer watches the heartbeat Leases of one driver in one namespace and
@@ -175,6 +179,7 @@ type tracked struct {
 	lastChange  time.Time
 	stale       bool
 	staleSince  time.Time
+	fenced      int
 }
 
 // NewObserver builds an Observer; it does not touch the API server.
@@ -253,7 +258,7 @@ func (o *Observer) Node(nodeID string) (NodeState, bool) {
 }
 
 func (o *Observer) stateLocked(name string, n *tracked, now time.Time) NodeState {
-	s := NodeState{NodeID: n.nodeID, Lease: name, Incarnation: n.incarnation, LastChange: n.lastChange, FencingPeriod: n.period, Stale: n.stale}
+	s := NodeState{NodeID: n.nodeID, Lease: name, Incarnation: n.incarnation, LastChange: n.lastChange, FencingPeriod: n.period, Stale: n.stale, FencedVolumes: n.fenced}
 	if !n.stale && o.since.After(s.LastChange) {
 		s.LastChange = o.since
 	}
@@ -483,7 +488,7 @@ func (o *Observer) seen(ctx context.Context, obj any) {
 		logger.Info("Heartbeat Lease has a new holder", "lease", klog.KObj(l), "previousHolder", n.nodeID, "node", holder)
 		n.nodeID = holder
 	}
-	n.rv, n.renewTime, n.period = l.ResourceVersion, renewTimeOf(l), period
+	n.rv, n.renewTime, n.period, n.fenced = l.ResourceVersion, renewTimeOf(l), period, fencedOf(l)
 }
 
 // deleted forgets a deleted Lease's node.

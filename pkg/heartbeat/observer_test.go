@@ -383,3 +383,27 @@ func TestObserverUsesTheLeasesLongerPeriod(t *testing.T) {
 		t.Errorf("after the Lease's 15s: stale %v", got)
 	}
 }
+
+// TestObserverReadsFencedVolumes: the node's state has the count its
+// Lease states, -1 when it states none or nonsense.
+func TestObserverReadsFencedVolumes(t *testing.T) {
+	l := lease("node-a", testNow)
+	f := newObserverFixture(t, l)
+	f.sync()
+	for _, tc := range []struct {
+		value string
+		want  int
+	}{{"", -1}, {"3", 3}, {"0", 0}, {"-2", -1}, {"many", -1}} {
+		l := lease("node-a", f.clk.Now())
+		if tc.value != "" {
+			l.Annotations[FencedVolumesAnnotation] = tc.value
+		}
+		if _, err := f.client.CoordinationV1().Leases(testNS).Update(f.ctx, l, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, "the Lease with "+tc.value+" seen", func() bool {
+			s, ok := f.o.Node("node-a")
+			return ok && s.FencedVolumes == tc.want
+		})
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -59,6 +60,12 @@ type RenewerConfig struct {
 	// time in order (never at once, never from the renewal loop, so a slow
 	// callback never delays a renewal), with Run's context.
 	OnLost, OnRegained func(ctx context.Context)
+	// FencedVolumes, optional, counts the fenced volumes the node still
+	// holds; each renewal writes it into FencedVolumesAnnotation, so that
+	// the fencing controller knows when a node that was fenced is clean.
+	// It is called before each renewal and must be quick; a negative
+	// count (it could not tell) leaves the annotation as it was.
+	FencedVolumes func(ctx context.Context) int
 }
 
 func (c RenewerConfig) withDefaults() RenewerConfig {
@@ -303,13 +310,18 @@ func (r *Renewer) attempt(ctx context.Context, out chan<- renewal) {
 	began := r.cfg.Clock.Now()
 	actx, cancel := context.WithTimeout(ctx, r.cfg.RenewTimeout)
 	defer cancel()
-	out <- renewal{began: began, err: r.renew(actx, began)}
+	fenced := -1
+	if r.cfg.FencedVolumes != nil {
+		fenced = r.cfg.FencedVolumes(actx)
+	}
+	out <- renewal{began: began, err: r.renew(actx, began, fenced)}
 }
 
-// renew writes the Lease once: an update of the copy written last, or a
-// read (and a create when it is missing) first. A conflict or a Lease
-// gone since makes it read and try once more.
-func (r *Renewer) renew(ctx context.Context, now time.Time) error {
+// renew writes the Lease once, with fenced (if not negative) in its
+// fenced-volumes annotation: an update of the copy written last, or a read
+// (and a create when it is missing) first. A conflict or a Lease gone
+// since makes it read and try once more.
+func (r *Renewer) renew(ctx context.Context, now time.Time, fenced int) error {
 	leases := r.cfg.Client.CoordinationV1().Leases(r.cfg.Namespace)
 	logger := klog.FromContext(ctx)
 	for try := 0; ; try++ {
@@ -318,7 +330,7 @@ func (r *Renewer) renew(ctx context.Context, now time.Time) error {
 			cur, err := leases.Get(ctx, r.name, metav1.GetOptions{})
 			switch {
 			case apierrors.IsNotFound(err):
-				out, err := leases.Create(ctx, r.newLease(now), metav1.CreateOptions{})
+				out, err := leases.Create(ctx, r.newLease(now, fenced), metav1.CreateOptions{})
 				if apierrors.IsAlreadyExists(err) && again {
 					continue
 				}
@@ -336,7 +348,7 @@ func (r *Renewer) renew(ctx context.Context, now time.Time) error {
 			}
 			r.cur = cur
 		}
-		next, takeover := r.renewed(r.cur, now)
+		next, takeover := r.renewed(r.cur, now, fenced)
 		out, err := leases.Update(ctx, next, metav1.UpdateOptions{})
 		if err != nil {
 			r.cur = nil
@@ -367,10 +379,11 @@ func (r *Renewer) check(l *coordinationv1.Lease) error {
 
 func (r *Renewer) incarnation() string { return r.cfg.Incarnation.UTC().Format(time.RFC3339Nano) }
 
-// newLease is the Lease as created by this node plugin at now.
-func (r *Renewer) newLease(now time.Time) *coordinationv1.Lease {
+// newLease is the Lease as created by this node plugin at now, holding
+// fenced fenced volumes (negative: not said).
+func (r *Renewer) newLease(now time.Time, fenced int) *coordinationv1.Lease {
 	t := metav1.NewMicroTime(now)
-	return &coordinationv1.Lease{
+	l := &coordinationv1.Lease{
 		ObjectMeta: metav1.ObjectMeta{
 			Name:        r.name,
 			Namespace:   r.cfg.Namespace,
@@ -385,12 +398,16 @@ func (r *Renewer) newLease(now time.Time) *coordinationv1.Lease {
 			LeaseTransitions:     ptr.To(int32(0)),
 		},
 	}
+	if fenced >= 0 {
+		l.Annotations[FencedVolumesAnnotation] = strconv.Itoa(fenced)
+	}
+	return l
 }
 
-// renewed is cur renewed at now, and whether that takes it over from
-// another incarnation (or from no holder). Labels and annotations of
-// others are kept.
-func (r *Renewer) renewed(cur *coordinationv1.Lease, now time.Time) (*coordinationv1.Lease, bool) {
+// renewed is cur renewed at now, holding fenced fenced volumes (negative:
+// as it said), and whether that takes it over from another incarnation
+// (or from no holder). Labels and annotations of others are kept.
+func (r *Renewer) renewed(cur *coordinationv1.Lease, now time.Time, fenced int) (*coordinationv1.Lease, bool) {
 	l := cur.DeepCopy()
 	t := metav1.NewMicroTime(now)
 	l.Labels = maps.Clone(l.Labels)
@@ -402,6 +419,9 @@ func (r *Renewer) renewed(cur *coordinationv1.Lease, now time.Time) (*coordinati
 		l.Annotations = map[string]string{}
 	}
 	takeover := holderOf(l) != r.cfg.NodeID || l.Annotations[IncarnationAnnotation] != r.incarnation()
+	if fenced >= 0 {
+		l.Annotations[FencedVolumesAnnotation] = strconv.Itoa(fenced)
+	}
 	if takeover {
 		l.Annotations[IncarnationAnnotation] = r.incarnation()
 		l.Spec.AcquireTime = &t

@@ -324,3 +324,32 @@ func TestRenewerConfigValidate(t *testing.T) {
 		})
 	}
 }
+
+// TestRenewerWritesFencedVolumes: each renewal writes the count the node
+// gives into the Lease; a count it cannot tell leaves the last one.
+func TestRenewerWritesFencedVolumes(t *testing.T) {
+	var count atomic.Int64
+	count.Store(2)
+	cfg := testRenewerConfig()
+	cfg.FencedVolumes = func(context.Context) int { return int(count.Load()) }
+	f := newRenewerFixture(t, cfg)
+	f.run()
+	eventually(t, "the Lease created", f.renewedAt(testNow))
+	fencedIs := func(want string) {
+		t.Helper()
+		if got, ok := f.lease().Annotations[FencedVolumesAnnotation]; !ok || got != want {
+			t.Errorf("%s = %q (set: %v), want %q", FencedVolumesAnnotation, got, ok, want)
+		}
+	}
+	fencedIs("2")
+	count.Store(0)
+	f.step(time.Second)
+	fencedIs("0")
+	count.Store(-1)
+	f.step(time.Second)
+	eventually(t, "renewed on the tick", f.renewedAt(f.clk.Now()))
+	fencedIs("0")
+	if got := fencedOf(f.lease()); got != 0 {
+		t.Errorf("fencedOf = %d, want 0", got)
+	}
+}

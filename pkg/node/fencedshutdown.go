@@ -185,28 +185,63 @@ func (s *Server) shutDownFencedLocked(ctx context.Context, id pool.VolumeID, dev
 }
 
 // checkFenced shuts down every filesystem mounted from a fenced device of a
-// shared-pool volume (see above). The fence broke the node's staged record
-// of the volume, so the devices are found as the start finds them
-// (reconcileStaged): by their backing files.
+// shared-pool volume (see above).
 func (s *Server) checkFenced(ctx context.Context) {
-	n := s.node
+	held, err := s.node.heldFenced(ctx)
+	if err != nil {
+		klog.FromContext(ctx).Error(err, "Could not look for the filesystems of fenced volumes")
+		return
+	}
+	for _, h := range held {
+		if h.mounted {
+			s.shutDownFencedLocked(ctx, h.id, h.dev)
+		}
+	}
+}
+
+// FencedVolumes counts the fenced volumes this node still holds: shared-pool
+// volumes with a loop device of a replaced image, mounted or not (-1 when it
+// cannot tell). The heartbeat writes it into its Lease, and the fencing
+// controller keeps its out-of-service taint on the node until it is 0.
+func (s *Server) FencedVolumes(ctx context.Context) int {
+	held, err := s.node.heldFenced(ctx)
+	if err != nil {
+		klog.FromContext(ctx).Error(err, "Could not count the fenced volumes this node holds")
+		return -1
+	}
+	ids := map[string]bool{}
+	for _, h := range held {
+		ids[h.id.String()] = true
+	}
+	return len(ids)
+}
+
+// heldDevice is a fenced loop device of this node's.
+type heldDevice struct {
+	id      pool.VolumeID
+	dev     string
+	mounted bool // a filesystem of it is mounted
+}
+
+// heldFenced lists this node's fenced loop devices of shared-pool volumes.
+// The fence broke the node's staged record of each volume, so the devices
+// are found as the start finds them (reconcileStaged): by their backing
+// files. A volume whose pool or devices cannot be read is left out (logged:
+// the next look finds it).
+func (n *node) heldFenced(ctx context.Context) ([]heldDevice, error) {
 	logger := klog.FromContext(ctx)
 	devs, err := n.Loop.List()
 	if err != nil {
-		logger.Error(err, "Could not list this node's loop devices to find the filesystems of fenced volumes")
-		return
+		return nil, fmt.Errorf("list this node's loop devices: %w", err)
 	}
 	n.shut.keepOnly(devs)
 	es, err := n.mounts.list()
 	if err != nil {
-		logger.Error(err, "Could not read the mount table to find the filesystems of fenced volumes")
-		return
+		return nil, fmt.Errorf("read the mount table: %w", err)
 	}
+	var held []heldDevice
 	fenced := map[string][]string{} // volume ID → its fenced devices (none: not shared)
 	for _, dev := range devs {
-		if _, ok := rootMount(es, dev); !ok {
-			continue // no filesystem of it mounted: nothing to shut down
-		}
 		id, ok := n.volumeOfDevice(dev)
 		if !ok {
 			continue
@@ -216,18 +251,20 @@ func (s *Server) checkFenced(ctx context.Context) {
 			shared, err := n.sharedPool(id)
 			switch {
 			case err != nil:
-				logger.Error(err, "Could not tell whether a volume's pool is shared; its fenced devices are left to the next check", "volumeID", id.String())
+				logger.Error(err, "Could not tell whether a volume's pool is shared; its fenced devices are left to the next look", "volumeID", id.String())
 			case shared:
 				if of, err = n.fencedDevices(id); err != nil {
-					logger.Error(err, "Could not find a volume's fenced devices; left to the next check", "volumeID", id.String())
+					logger.Error(err, "Could not find a volume's fenced devices; left to the next look", "volumeID", id.String())
 				}
 			}
 			fenced[id.String()] = of
 		}
 		if slices.Contains(of, dev) {
-			s.shutDownFencedLocked(ctx, id, dev)
+			_, mounted := rootMount(es, dev)
+			held = append(held, heldDevice{id: id, dev: dev, mounted: mounted})
 		}
 	}
+	return held, nil
 }
 
 // volumeOfDevice returns the volume whose image (or a file that was it)

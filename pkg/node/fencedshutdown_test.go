@@ -55,9 +55,17 @@ func TestCheckFencedShutsDown(t *testing.T) {
 	if _, err := f.srv.NodePublishVolume(f.ctx, publish); err != nil {
 		t.Fatal(err)
 	}
+	if n := f.srv.FencedVolumes(ctx); n != 0 {
+		t.Errorf("FencedVolumes before any fence = %d, want 0", n)
+	}
 	f.fence(fenced)
 	f.fence(block)
 	f.fenceIn(f.local, local)
+	// The raw block volume counts (nothing mounted); the local pool's
+	// does not (never fenced).
+	if n := f.srv.FencedVolumes(ctx); n != 2 {
+		t.Errorf("FencedVolumes after two fences = %d, want 2", n)
+	}
 
 	unlock, err := f.srv.lock(fenced)
 	if err != nil {
@@ -106,6 +114,9 @@ func TestCheckFencedShutsDown(t *testing.T) {
 	}
 	if len(f.srv.node.shut.devs) != 0 {
 		t.Errorf("devices remembered as shut down after their cleanup: %v", f.srv.node.shut.devs)
+	}
+	if n := f.srv.FencedVolumes(ctx); n != 1 {
+		t.Errorf("FencedVolumes once one of the two fenced volumes is cleaned up = %d, want 1", n)
 	}
 	f.srv.checkFenced(ctx)
 	if n := f.frozen.shutDowns(fencedStage.StagingTargetPath); n != 2 {

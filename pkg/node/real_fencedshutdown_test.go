@@ -204,6 +204,9 @@ func TestRealCheckFencedShutsDown(t *testing.T) {
 			// What the problem is: acknowledged, and lost.
 			writeRandomFile(t, filepath.Join(publish.TargetPath, "silent.bin"), 64<<10)
 
+			if n := f.srv.FencedVolumes(f.ctx); n != 1 {
+				t.Errorf("FencedVolumes after the fence = %d, want 1", n)
+			}
 			f.srv.checkFenced(f.ctx)
 			if _, err := open.Write([]byte("lost")); !errors.Is(err, unix.EIO) {
 				t.Errorf("a write through a file opened before the check returned %v, want EIO", err)
@@ -214,6 +217,9 @@ func TestRealCheckFencedShutsDown(t *testing.T) {
 			open.Close()
 			f.checkFencedReported(id, stage.StagingTargetPath, publish.TargetPath)
 			f.cleanUpFencedAndCheck(id, stage.StagingTargetPath, publish.TargetPath, image, before)
+			if n := f.srv.FencedVolumes(f.ctx); n != 0 {
+				t.Errorf("FencedVolumes after the cleanup = %d, want 0", n)
+			}
 		})
 	}
 }

@@ -39,8 +39,9 @@ import (
 // fences: the image is replaced, the claim hears VolumeFenced, B gets the
 // out-of-service taint, and the detach from B answers at once. Node A then
 // stages the volume with every write B synced before, and B's writes after
-// the fence never reach it. B thawed renews again: the taint comes off once
-// it is Ready, and its unstage cleans its side up.
+// the fence never reach it. B thawed renews again: the taint stays while B,
+// Ready, still holds the fenced volume, its unstage cleans its side up, and
+// the taint comes off once its plugin says it is clean.
 func TestFencingControllerFencesAFrozenNode(t *testing.T) {
 	r := newRigWith(t, func(r *rig) {
 		testfs.MountReflinkXFS(r.t, filepath.Join(r.dir, "pool.xfs"), r.pool, 2<<30)
@@ -177,8 +178,9 @@ func TestFencingControllerFencesAFrozenNode(t *testing.T) {
 	unpublishUnstage(t, ctx, nodeClientA, id, stagingA, targetA)
 	imageSum := sum(t, image)
 
-	// B is back: it renews, the taint comes off once it is Ready, and its
-	// unstage cleans its side up without touching the volume.
+	// B is back: it renews, the taint stays while it holds the fenced
+	// volume, its unstage cleans its side up without touching the volume,
+	// and then the taint comes off.
 	if err := syscall.Kill(pluginB.Pid(), syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}
@@ -187,7 +189,10 @@ func TestFencingControllerFencesAFrozenNode(t *testing.T) {
 		t.Error("the taint came off before B was Ready")
 	}
 	setReady(t, r, nodeB, corev1.ConditionTrue)
-	poll(t, ctx, "the taint removed", func() bool { return !hasTaint(t, r, nodeB) })
+	waitEvent(t, r, "", nodeB, fencing.ReasonOutOfServiceKept)
+	if !hasTaint(t, r, nodeB) {
+		t.Error("the taint came off while B still held the fenced volume")
+	}
 	// B's plugin, back, shuts the fenced filesystem down (within its 10 s
 	// check): the Pod's writes fail with EIO instead of vanishing.
 	poll(t, ctx, "B's writes to its fenced volume failing", func() bool {
@@ -200,6 +205,8 @@ func TestFencingControllerFencesAFrozenNode(t *testing.T) {
 	if devs := driverproc.LoopDevicesOf(dirB); len(devs) != 0 {
 		t.Errorf("node B kept loop devices: %v", devs)
 	}
+	poll(t, ctx, "the taint removed once B is clean", func() bool { return !hasTaint(t, r, nodeB) })
+	waitEvent(t, r, "", nodeB, fencing.ReasonOutOfServiceOff)
 	if _, err := ctrl.ControllerUnpublishVolume(ctx, &csi.ControllerUnpublishVolumeRequest{VolumeId: id, NodeId: nodeA}); err != nil {
 		t.Fatal(err)
 	}

@@ -304,6 +304,17 @@ func nodeFailure(t *testing.T, c *cluster.Cluster, f nodeFault, taint, fencing b
 		t.Fatal(err)
 	}
 	t.Logf("%s, taint %t: node %s Ready again %s after it came back", f.name, taint, b, since(tBack))
+	if fencing {
+		// loopvol takes its taint off once B is Ready and its plugin has
+		// let go of the fenced volume (kubelet unmounts the deleted Pod's).
+		if err := c.Wait(ctx, "loopvol's out-of-service taint off "+b+" once it is clean", 3*time.Minute, func(ctx context.Context) (bool, error) {
+			node, err := c.Client.CoreV1().Nodes().Get(ctx, b, metav1.GetOptions{})
+			return err == nil && !slices.ContainsFunc(node.Spec.Taints, func(t corev1.Taint) bool { return t.Key == corev1.TaintNodeOutOfService }), err
+		}); err != nil {
+			t.Error(err)
+		}
+		t.Logf("%s, taint %t: loopvol's out-of-service taint off %s %s after it came back", f.name, taint, b, since(tBack))
+	}
 	time.Sleep(returnWatch - time.Since(tBack))
 
 	// What B did after the fault, by its own account: the old Pod's log
