@@ -227,3 +227,46 @@ func TestFenceNode(t *testing.T) {
 	_, err = f.s.FenceNode(ctx(t), &fenceapi.FenceNodeRequest{NodeID: "../n1"})
 	wantCode(t, err, codes.InvalidArgument)
 }
+
+// TestFenceNodeGoesOnPastABrokenPool: a pool whose staged records cannot
+// be listed (its directory removed under it) is named in the answer, and
+// the node is fenced in the other pools all the same.
+func TestFenceNodeGoesOnPastABrokenPool(t *testing.T) {
+	f := newFixture(t, map[string]string{"good": "z", "broken": "z"})
+	for _, p := range []string{"good", "broken"} {
+		for _, n := range []string{"n1", "n2"} {
+			f.addNode(t, p, n, 0)
+		}
+	}
+	req := createReq("fs", 1<<20, volspectest.Mount("ext4", snw))
+	req.Parameters = map[string]string{ParameterPool: "good"}
+	resp, err := f.s.CreateVolume(ctx(t), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, _ := pool.ParseVolumeID(resp.Volume.VolumeId)
+	incarnation := time.Now().Add(-time.Hour).UTC()
+	if err := f.pools["good"].WriteStaged(pool.Staged{VolumeID: id.String(), Node: "n1", NodeStart: incarnation, Staged: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	staged := filepath.Join(f.root, "broken", "staged")
+	names, _ := os.ReadDir(staged)
+	for _, n := range names {
+		if err := os.Remove(filepath.Join(staged, n.Name())); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Remove(staged); err != nil {
+		t.Fatal(err)
+	}
+	fenced, err := f.s.FenceNode(ctx(t), &fenceapi.FenceNodeRequest{NodeID: "n1", Through: incarnation, AllowCopy: true})
+	if err != nil {
+		t.Fatalf("FenceNode with one broken pool: %v, want an answer", err)
+	}
+	if len(fenced.Volumes) != 1 || !fenced.Volumes[0].Fenced || fenced.Volumes[0].VolumeID != id.String() {
+		t.Errorf("volumes = %+v, want %s fenced", fenced.Volumes, id)
+	}
+	if len(fenced.PoolErrors) != 1 || !strings.Contains(fenced.PoolErrors[0], "pool broken") {
+		t.Errorf("pool errors = %q, want the broken pool's", fenced.PoolErrors)
+	}
+}

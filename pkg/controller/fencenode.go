@@ -41,7 +41,11 @@ func (s *Server) fenceNode(ctx context.Context, req *fenceapi.FenceNodeRequest) 
 		home := s.pools[name]
 		ids, err := home.ListStaged(req.NodeID)
 		if err != nil {
-			return nil, err
+			// One broken pool must not keep the node's volumes in the
+			// others reachable: go on, and have the caller retry.
+			logger.Error(err, "Could not list the node's staged volumes in a pool; fencing it in the other pools", "pool", name)
+			resp.PoolErrors = append(resp.PoolErrors, fmt.Sprintf("pool %s: %v", name, err))
+			continue
 		}
 		for _, id := range ids {
 			fv := s.fenceStaged(ctx, home, id, req.NodeID, through, req.AllowCopy)

@@ -52,6 +52,10 @@ type FenceNodeRequest struct {
 // FenceNodeResponse says what became of each volume the node had staged.
 type FenceNodeResponse struct {
 	Volumes []FencedVolume `json:"volumes"`
+	// PoolErrors are the pools whose staged records could not be listed:
+	// the node's volumes there were not looked at, and the fence is to be
+	// retried (those of the other pools are in Volumes all the same).
+	PoolErrors []string `json:"poolErrors,omitempty"`
 }
 
 // FencedVolume is one volume the node had staged.

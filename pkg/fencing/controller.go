@@ -294,6 +294,10 @@ func (c *Controller) fence(ctx context.Context, node *corev1.Node, state heartbe
 				"volume %s not fenced from node %s, which stopped serving: %s", v.VolumeID, state.NodeID, v.Reason))
 		}
 	}
+	for _, e := range resp.PoolErrors {
+		failed++
+		failures = append(failures, e)
+	}
 	took := time.Since(start)
 	if failed > 0 {
 		return fmt.Errorf("fence node %s: %d of its volumes failed: %s", state.NodeID, failed, strings.Join(failures, "; "))
