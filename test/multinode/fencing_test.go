@@ -65,14 +65,14 @@ patches:
 }
 
 // upFencing is up with fencingOverlay: a cluster of two nodes sharing one
-// pool, loopvol deployed with fencing on.
-func upFencing(t *testing.T) *cluster.Cluster {
+// pool, loopvol deployed with fencing on; more sets the cluster up further.
+func upFencing(t *testing.T, more ...func(*cluster.Config)) *cluster.Cluster {
 	t.Helper()
 	root, err := testenv.RepoRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
-	return upDir(t, false, root, fencingOverlay(t, root, t.TempDir()))
+	return upDir(t, false, root, fencingOverlay(t, root, t.TempDir()), more...)
 }
 
 // TestNodeFailureFenced is TestNodeFailure's scenario with loopvol's
@@ -87,5 +87,23 @@ func TestNodeFailureFenced(t *testing.T) {
 	c := upFencing(t)
 	for _, f := range nodeFaults {
 		t.Run(f.name, func(t *testing.T) { nodeFailure(t, c, f, false, true) })
+	}
+}
+
+// TestNodeFailureFencedEarlyTaint is TestNodeFailureFenced with the
+// operator's out-of-service taint 10 s after the fault (the baseline's
+// OperatorTaint) on a shared pool with reflink (xfs): kube-controller-
+// manager force-detaches at once, and loopvol fences in that
+// ControllerUnpublishVolume, before the heartbeat is stale or the node
+// NotReady, so the Pod moves within seconds and the failed node is kept
+// out all the same. A benchmark beside the baseline (`make
+// bench-node-failure`): the fencing run of `make test` has no operator.
+func TestNodeFailureFencedEarlyTaint(t *testing.T) {
+	if os.Getenv(baselineEnv) == "" {
+		t.Skipf("a benchmark beside the baseline: `make bench-node-failure` runs it (%s=1)", baselineEnv)
+	}
+	c := upFencing(t, func(cfg *cluster.Config) { cfg.SharedPoolReflinkBytes = 2 << 30 })
+	for _, f := range nodeFaults {
+		t.Run(f.name, func(t *testing.T) { nodeFailure(t, c, f, true, true) })
 	}
 }

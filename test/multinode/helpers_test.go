@@ -39,8 +39,8 @@ func up(t *testing.T, nodePools bool, overlay string) (*cluster.Cluster, string)
 }
 
 // upDir is up with the kustomization in dir, which may be one a test
-// wrote (fencingOverlay).
-func upDir(t *testing.T, nodePools bool, root, dir string) *cluster.Cluster {
+// wrote (fencingOverlay), and more settings of the cluster.
+func upDir(t *testing.T, nodePools bool, root, dir string, more ...func(*cluster.Config)) *cluster.Cluster {
 	t.Helper()
 	testenv.RequireRoot(t)
 	testenv.RequireLoopDevices(t)
@@ -55,6 +55,9 @@ func upDir(t *testing.T, nodePools bool, root, dir string) *cluster.Cluster {
 		cfg.Nodes, cfg.NodePools, cfg.NodeName = 2, nodePools, "node"
 		if nodePools {
 			cfg.NodePoolBytes = nodeDisk
+		}
+		for _, f := range more {
+			f(cfg)
 		}
 	})
 	deployed, err := c.Overlay(dir)

@@ -304,7 +304,7 @@ func nodeFailure(t *testing.T, c *cluster.Cluster, f nodeFault, taint, fencing b
 		t.Fatal(err)
 	}
 	t.Logf("%s, taint %t: node %s Ready again %s after it came back", f.name, taint, b, since(tBack))
-	if fencing {
+	if fencing && !taint {
 		// loopvol takes its taint off once B is Ready and its plugin has
 		// let go of the fenced volume (kubelet unmounts the deleted Pod's).
 		if err := c.Wait(ctx, "loopvol's out-of-service taint off "+b+" once it is clean", 3*time.Minute, func(ctx context.Context) (bool, error) {

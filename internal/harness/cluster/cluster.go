@@ -138,6 +138,11 @@ func (c *Cluster) up(ctx context.Context) error {
 			return err
 		}
 	}
+	if c.cfg.SharedPoolReflinkBytes > 0 {
+		if err := c.sharedPoolDisk(); err != nil {
+			return err
+		}
+	}
 	// Paths kubelet and containerd use whatever their configuration says.
 	for _, d := range []string{"/var/lib/kubelet/device-plugins", "/run/containerd"} {
 		if err := c.mkdirOutside(d); err != nil {

@@ -58,6 +58,12 @@ type Config struct {
 	// per node, whose free space is the node's alone. Zero: the nodes'
 	// pool directories share the file system of Dir.
 	NodePoolBytes int64
+	// SharedPoolReflinkBytes, without NodePools, makes <Dir>/pools, the
+	// pool every node sees, an xfs with reflink of that size (on a loop
+	// device, mounted before any node starts): a shared file system whose
+	// fences are reflinks, where the default (Dir's own file system, ext4
+	// on this machine) fences by copy. Zero: Dir's file system.
+	SharedPoolReflinkBytes int64
 	// APIPort is the apiserver's secure port on 127.0.0.1 (default 6443).
 	APIPort int
 	// CNIBinDir holds the CNI plugins (loopback, bridge and host-local;
@@ -133,6 +139,9 @@ func (c *Config) Validate() error {
 	}
 	if c.NodePoolBytes < 0 || (c.NodePoolBytes > 0 && !c.NodePools) {
 		errs = append(errs, fmt.Errorf("NodePoolBytes %d: a positive size, with NodePools", c.NodePoolBytes))
+	}
+	if c.SharedPoolReflinkBytes < 0 || (c.SharedPoolReflinkBytes > 0 && c.NodePools) {
+		errs = append(errs, fmt.Errorf("SharedPoolReflinkBytes %d: a positive size, without NodePools", c.SharedPoolReflinkBytes))
 	}
 	if c.NodePools && c.Nodes < 2 {
 		errs = append(errs, errors.New("NodePools: only on a cluster of nodes (Nodes 2 or more)"))

@@ -65,6 +65,7 @@ func TestConfigNodes(t *testing.T) {
 		{Config{Nodes: -1}, "want 1 to"},
 		{Config{NodePools: true}, "NodePools: only on a cluster of nodes"},
 		{Config{Nodes: 2, NodePoolBytes: 1 << 20}, "NodePoolBytes 1048576: a positive size, with NodePools"},
+		{Config{Nodes: 2, NodePools: true, SharedPoolReflinkBytes: 1 << 30}, "SharedPoolReflinkBytes 1073741824: a positive size, without NodePools"},
 	} {
 		cfg := tc.cfg
 		cfg.Dir, cfg.BinDir = t.TempDir(), t.TempDir()

@@ -156,6 +156,32 @@ func (c *Cluster) nodeDisk(n *node) error {
 	return nil
 }
 
+// sharedPoolDisk makes <Dir>/pools an xfs with reflink
+// (SharedPoolReflinkBytes): an image in Dir, loop-mounted on the host
+// before any node's mount namespace is made, so that every node has it.
+// Down's unmountAll and detachLoops undo it (both under Dir).
+func (c *Cluster) sharedPoolDisk() error {
+	img := filepath.Join(c.cfg.Dir, "shared-pool.img")
+	f, err := os.OpenFile(img, os.O_CREATE|os.O_RDWR|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	err = f.Truncate(c.cfg.SharedPoolReflinkBytes)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return err
+	}
+	if out, err := exec.Command("mkfs.xfs", "-q", "-f", "-m", "reflink=1", img).CombinedOutput(); err != nil {
+		return fmt.Errorf("shared pool: mkfs.xfs %s (xfsprogs): %w: %s", img, err, strings.TrimSpace(string(out)))
+	}
+	if out, err := exec.Command("mount", "-o", "loop", img, filepath.Join(c.cfg.Dir, "pools")).CombinedOutput(); err != nil {
+		return fmt.Errorf("shared pool: mount %s: %w: %s", img, err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
 // cable connects n's network namespace to the nodes' bridge.
 func (c *Cluster) cable(n *node) error {
 	pid := strconv.Itoa(n.PID)
