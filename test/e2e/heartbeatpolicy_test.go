@@ -180,7 +180,9 @@ func (a *admissionRig) applyHeartbeatComponent(t *testing.T) {
 	if _, err := rbac.Roles(admNamespace).Create(ctx, &role, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { a.cleanupErr(t, "Role "+role.Name, rbac.Roles(admNamespace).Delete(ctx, role.Name, metav1.DeleteOptions{})) })
+	t.Cleanup(func() {
+		a.cleanupErr(t, "Role "+role.Name, rbac.Roles(admNamespace).Delete(ctx, role.Name, metav1.DeleteOptions{}))
+	})
 	if _, err := rbac.RoleBindings(admNamespace).Create(ctx, &binding, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
