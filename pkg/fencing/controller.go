@@ -243,11 +243,7 @@ func (c *Controller) sync(ctx context.Context, id string) error {
 		return err
 	}
 	if node != nil && ready(node) {
-		c.mu.Lock()
-		told := c.waiting[id]
-		c.waiting[id] = true
-		c.mu.Unlock()
-		if !told {
+		if c.first(c.waiting, id) {
 			klog.FromContext(ctx).Info("The node's heartbeat is stale but its kubelet reports Ready: not fencing it (its node plugin may have crashed while its Pods still write)",
 				"node", id, "staleFor", state.StaleFor)
 			c.recorder.Eventf(node, corev1.EventTypeWarning, ReasonWaitingNotReady,
@@ -361,11 +357,7 @@ func (c *Controller) back(ctx context.Context, state heartbeat.NodeState) error 
 		return nil
 	}
 	if state.FencedVolumes > 0 {
-		c.mu.Lock()
-		told := c.unclean[id]
-		c.unclean[id] = true
-		c.mu.Unlock()
-		if !told {
+		if c.first(c.unclean, id) {
 			klog.FromContext(ctx).Info("The fenced node is back and Ready but still holds fenced volumes: keeping the out-of-service taint until it has let go of them",
 				"node", id, "fencedVolumes", state.FencedVolumes)
 			c.recorder.Eventf(node, corev1.EventTypeNormal, ReasonOutOfServiceKept,
@@ -378,6 +370,18 @@ func (c *Controller) back(ctx context.Context, state heartbeat.NodeState) error 
 	delete(c.unclean, id)
 	c.mu.Unlock()
 	return c.setTaint(ctx, node, false)
+}
+
+// first marks node id in told (c.waiting or c.unclean) and reports whether
+// it was not marked yet: what is said once per node.
+func (c *Controller) first(told map[string]bool, id string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if told[id] {
+		return false
+	}
+	told[id] = true
+	return true
 }
 
 func (c *Controller) forget(id string) {

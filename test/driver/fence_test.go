@@ -266,16 +266,7 @@ func TestFenceRaces(t *testing.T) {
 		image := filepath.Join(c.pool, "volumes", volumeHash(v.id)+".img")
 		before := inodeOf(t, image)
 		go fencers[1].FenceNode(bg(), &fenceapi.FenceNodeRequest{NodeID: "node-b", AllowCopy: true}) // killed under it
-		deadline := time.Now().Add(time.Minute)
-		for {
-			if tmps, _ := filepath.Glob(filepath.Join(c.pool, "volumes", "."+volumeHash(v.id)+".img.tmp-*")); len(tmps) > 0 {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatal("the fence's copy never appeared")
-			}
-			time.Sleep(time.Millisecond)
-		}
+		waitFenceCopy(t, c.pool, v.id)
 		second.Kill()
 		<-second.Done()
 		if inodeOf(t, image) != before {
@@ -309,16 +300,7 @@ func TestFenceRaces(t *testing.T) {
 			}
 			fenced <- resp
 		}()
-		deadline := time.Now().Add(time.Minute)
-		for {
-			if tmps, _ := filepath.Glob(filepath.Join(c.pool, "volumes", "."+volumeHash(v.id)+".img.tmp-*")); len(tmps) > 0 {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatal("the fence's copy never appeared")
-			}
-			time.Sleep(time.Millisecond)
-		}
+		waitFenceCopy(t, c.pool, v.id)
 		// Node B writes until the fence answers, each write synced.
 		_, target := paths(c.kubeletB, filepath.Base(v.id))
 		var back []byte
@@ -360,6 +342,22 @@ func TestFenceRaces(t *testing.T) {
 		}
 		c.unpublishUnstage(t, c.nodeA, c.kubeletA, v.id)
 	})
+}
+
+// waitFenceCopy waits until a fence's copy of volume id's image is being
+// made in the pool directory.
+func waitFenceCopy(t *testing.T, poolDir, id string) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		if tmps, _ := filepath.Glob(filepath.Join(poolDir, "volumes", "."+volumeHash(id)+".img.tmp-*")); len(tmps) > 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the fence's copy never appeared")
+		}
+		time.Sleep(time.Millisecond)
+	}
 }
 
 func inodeOf(t *testing.T, path string) uint64 {

@@ -136,15 +136,7 @@ func (c *Cluster) startNodeNS(n *node) error {
 // Dir).
 func (c *Cluster) nodeDisk(n *node) error {
 	img := filepath.Join(n.StateDir, "pool-disk.img")
-	f, err := os.OpenFile(img, os.O_CREATE|os.O_RDWR|os.O_TRUNC, 0o600)
-	if err != nil {
-		return err
-	}
-	err = f.Truncate(c.cfg.NodePoolBytes)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
+	if err := sparseFile(img, c.cfg.NodePoolBytes); err != nil {
 		return err
 	}
 	if out, err := exec.Command("mkfs.ext4", "-q", "-F", "-m", "0", img).CombinedOutput(); err != nil {
@@ -162,15 +154,7 @@ func (c *Cluster) nodeDisk(n *node) error {
 // Down's unmountAll and detachLoops undo it (both under Dir).
 func (c *Cluster) sharedPoolDisk() error {
 	img := filepath.Join(c.cfg.Dir, "shared-pool.img")
-	f, err := os.OpenFile(img, os.O_CREATE|os.O_RDWR|os.O_TRUNC, 0o600)
-	if err != nil {
-		return err
-	}
-	err = f.Truncate(c.cfg.SharedPoolReflinkBytes)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
+	if err := sparseFile(img, c.cfg.SharedPoolReflinkBytes); err != nil {
 		return err
 	}
 	if out, err := exec.Command("mkfs.xfs", "-q", "-f", "-m", "reflink=1", img).CombinedOutput(); err != nil {
@@ -180,6 +164,19 @@ func (c *Cluster) sharedPoolDisk() error {
 		return fmt.Errorf("shared pool: mount %s: %w: %s", img, err, strings.TrimSpace(string(out)))
 	}
 	return nil
+}
+
+// sparseFile makes path an empty file of size bytes (a disk image).
+func sparseFile(path string, size int64) error {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	err = f.Truncate(size)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }
 
 // cable connects n's network namespace to the nodes' bridge.
