@@ -10,6 +10,12 @@ type Usage struct {
 	Pool, Zone     string
 	SizeBytes      int64
 	AvailableBytes int64
+	// FreeBytes is what the filesystem still has for an unprivileged
+	// writer, and PromisedBytes what sparse images may still take of it
+	// (pool.Usage): a pool can have little available and much free (it
+	// promised much), or, overcommitted, the other way round.
+	FreeBytes     int64
+	PromisedBytes int64
 	// OrphanImages and OrphanBytes are the images without a record and
 	// their size: kept during the sweep's grace or because they hold data
 	// (pool.Usage).
@@ -32,6 +38,10 @@ var (
 		"Size of the filesystem that holds the pool.", []string{"pool", "zone"}, nil)
 	poolAvailableDesc = prometheus.NewDesc("loopvol_pool_available_bytes",
 		"Bytes new volumes may still get in the pool: free space minus space promised to sparse images, minus the copy-on-write reserve, minus the reserve.", []string{"pool", "zone"}, nil)
+	poolFreeDesc = prometheus.NewDesc("loopvol_pool_free_bytes",
+		"Free space of the filesystem that holds the pool, for an unprivileged writer: what the volumes' next writes can really get, whatever was promised.", []string{"pool", "zone"}, nil)
+	poolPromisedDesc = prometheus.NewDesc("loopvol_pool_promised_bytes",
+		"Bytes promised to the pool's sparse images and not yet allocated: what their volumes may still write.", []string{"pool", "zone"}, nil)
 	poolCowReserveDesc = prometheus.NewDesc("loopvol_pool_cow_reserve_bytes",
 		"Bytes kept out of the pool's available space for copy-on-write: the blocks volume images share with reflinked snapshots and clones, which a volume needs again when it writes over them.", []string{"pool", "zone"}, nil)
 	poolUsableDesc = prometheus.NewDesc("loopvol_pool_usable",
@@ -54,6 +64,8 @@ type Collector struct {
 func (c Collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- poolSizeDesc
 	ch <- poolAvailableDesc
+	ch <- poolFreeDesc
+	ch <- poolPromisedDesc
 	ch <- poolCowReserveDesc
 	ch <- poolOrphanImagesDesc
 	ch <- poolOrphanBytesDesc
@@ -73,6 +85,8 @@ func (c Collector) Collect(ch chan<- prometheus.Metric) {
 		}
 		ch <- prometheus.MustNewConstMetric(poolSizeDesc, prometheus.GaugeValue, float64(u.SizeBytes), u.Pool, u.Zone)
 		ch <- prometheus.MustNewConstMetric(poolAvailableDesc, prometheus.GaugeValue, float64(u.AvailableBytes), u.Pool, u.Zone)
+		ch <- prometheus.MustNewConstMetric(poolFreeDesc, prometheus.GaugeValue, float64(u.FreeBytes), u.Pool, u.Zone)
+		ch <- prometheus.MustNewConstMetric(poolPromisedDesc, prometheus.GaugeValue, float64(u.PromisedBytes), u.Pool, u.Zone)
 		ch <- prometheus.MustNewConstMetric(poolCowReserveDesc, prometheus.GaugeValue, float64(u.CowReserveBytes), u.Pool, u.Zone)
 		ch <- prometheus.MustNewConstMetric(poolOrphanImagesDesc, prometheus.GaugeValue, float64(u.OrphanImages), u.Pool, u.Zone)
 		ch <- prometheus.MustNewConstMetric(poolOrphanBytesDesc, prometheus.GaugeValue, float64(u.OrphanBytes), u.Pool, u.Zone)
@@ -92,6 +106,7 @@ func Measure(pools []*pool.Pool) []Usage {
 			continue
 		}
 		out = append(out, Usage{Pool: p.Name, Zone: p.Zone, SizeBytes: u.TotalBytes, AvailableBytes: u.AvailableBytes,
+			FreeBytes: u.FreeBytes, PromisedBytes: u.PromisedBytes,
 			OrphanImages: u.OrphanImages, OrphanBytes: u.OrphanBytes, CowReserveBytes: u.CowReserveBytes, Usable: usable})
 	}
 	return out

@@ -34,6 +34,12 @@ const (
 	orphanImagesHelp = `# HELP loopvol_pool_orphan_images Images in the pool without a volume record: left by a create that died (reclaimed after a grace if they hold no data) or a volume whose record was lost (kept).
 # TYPE loopvol_pool_orphan_images gauge
 `
+	freeHelp = `# HELP loopvol_pool_free_bytes Free space of the filesystem that holds the pool, for an unprivileged writer: what the volumes' next writes can really get, whatever was promised.
+# TYPE loopvol_pool_free_bytes gauge
+`
+	promisedHelp = `# HELP loopvol_pool_promised_bytes Bytes promised to the pool's sparse images and not yet allocated: what their volumes may still write.
+# TYPE loopvol_pool_promised_bytes gauge
+`
 	sizeHelp = `# HELP loopvol_pool_size_bytes Size of the filesystem that holds the pool.
 # TYPE loopvol_pool_size_bytes gauge
 `
@@ -45,7 +51,7 @@ const (
 func TestCollector(t *testing.T) {
 	c := Collector{Usage: func() []Usage {
 		return []Usage{
-			{Pool: "a", Zone: "z1", SizeBytes: 1000, AvailableBytes: 400, OrphanImages: 2, OrphanBytes: 300, CowReserveBytes: 100, Usable: true},
+			{Pool: "a", Zone: "z1", SizeBytes: 1000, AvailableBytes: 400, FreeBytes: 700, PromisedBytes: 200, OrphanImages: 2, OrphanBytes: 300, CowReserveBytes: 100, Usable: true},
 			{Pool: "b", Zone: "z2", SizeBytes: 50, AvailableBytes: 50},
 			{Pool: "c", Zone: "z2", Unmeasured: true},
 		}
@@ -54,10 +60,14 @@ func TestCollector(t *testing.T) {
 loopvol_pool_available_bytes{pool="b",zone="z2"} 50
 `+cowReserveHelp+`loopvol_pool_cow_reserve_bytes{pool="a",zone="z1"} 100
 loopvol_pool_cow_reserve_bytes{pool="b",zone="z2"} 0
+`+freeHelp+`loopvol_pool_free_bytes{pool="a",zone="z1"} 700
+loopvol_pool_free_bytes{pool="b",zone="z2"} 0
 `+orphanBytesHelp+`loopvol_pool_orphan_bytes{pool="a",zone="z1"} 300
 loopvol_pool_orphan_bytes{pool="b",zone="z2"} 0
 `+orphanImagesHelp+`loopvol_pool_orphan_images{pool="a",zone="z1"} 2
 loopvol_pool_orphan_images{pool="b",zone="z2"} 0
+`+promisedHelp+`loopvol_pool_promised_bytes{pool="a",zone="z1"} 200
+loopvol_pool_promised_bytes{pool="b",zone="z2"} 0
 `+sizeHelp+`loopvol_pool_size_bytes{pool="a",zone="z1"} 1000
 loopvol_pool_size_bytes{pool="b",zone="z2"} 50
 `+usableHelp+`loopvol_pool_usable{pool="a",zone="z1"} 1
