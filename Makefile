@@ -145,6 +145,15 @@ test-images: ##@ hack/images' tests: both image recipes agree; the node image ru
 	$(GO) -C hack/images vet .
 	$(GO) -C hack/images test -count=1 .
 
+# deploy/monitoring (docs/operations.md): the rules' unit tests, the
+# PrometheusRule equal to rules.yaml, and every metric a rule or panel names
+# exported; hack/monitoring is a module of its own (Prometheus' packages).
+.PHONY: test-monitoring
+test-monitoring: ##@ deploy/monitoring: the alert rules' unit tests (promtool's format), PrometheusRule = rules.yaml, rule and dashboard metrics exported.
+	@echo "### test-monitoring"
+	$(GO) -C hack/monitoring vet .
+	$(GO) -C hack/monitoring test -count=1 .
+
 # The one-node cluster (docs/cluster.md): kube-controller-manager,
 # kube-scheduler, kubelet, kubectl, containerd, runc, csi-provisioner,
 # csi-attacher, external-snapshotter and pause beside kube-apiserver and etcd;
