@@ -72,6 +72,7 @@ func buildRegistrar(d *deps) (*runner, error) {
 		RetryIntervalStart:      d.cfg.retryIntervalStart,
 		RetryIntervalMax:        d.cfg.retryIntervalMax,
 		DriftCheckInterval:      d.cfg.resync,
+		Registerer:              d.registry,
 	}
 	if cfg.Mode == registrar.ModeDirect || d.cfg.nodeName != "" {
 		cfg.Client = d.client

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
@@ -97,6 +98,8 @@ type Config struct {
 	// CSINode entry is compared with NodeGetInfo besides after each
 	// registration; zero means only after each registration.
 	DriftCheckInterval time.Duration
+	// Registerer receives loopvol_registrar_registered. Optional.
+	Registerer prometheus.Registerer
 	// Clock drives every period, backoff and socket check of the
 	// registrar, and the times Healthy reports. Optional: nil is the real
 	// clock; tests step a fake one instead of waiting.
@@ -178,7 +181,30 @@ func New(cfg Config) (*Registrar, error) {
 		onRegistered = r.drift.kick
 	}
 	r.reg = newRegistration(cfg, onRegistered)
+	if cfg.Registerer != nil {
+		if err := cfg.Registerer.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "loopvol_registrar_registered",
+			Help: "1 while the driver is registered on this node: kubelet confirmed the registration on the current socket (CSINode mode kubelet), or the CSINode entry is in place (mode direct); else 0.",
+		}, func() float64 {
+			if r.Registered() {
+				return 1
+			}
+			return 0
+		})); err != nil {
+			return nil, fmt.Errorf("registrar metrics: %w", err)
+		}
+	}
 	return r, nil
+}
+
+// Registered tells whether the driver is registered: kubelet confirmed the
+// registration on the current socket (ModeKubelet), or the CSINode entry
+// is in place (ModeDirect). Unlike Healthy it calls nothing.
+func (r *Registrar) Registered() bool {
+	if r.node != nil {
+		return r.node.healthy() == nil
+	}
+	return r.reg.registered() == nil
 }
 
 // SocketPath is the registration socket's path.

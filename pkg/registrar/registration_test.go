@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/testing/protocmp"
@@ -381,4 +383,28 @@ func TestConfigValidate(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestRegisteredGauge: loopvol_registrar_registered is 0 until kubelet
+// confirms the registration, 1 after, and 0 again after a failed one.
+func TestRegisteredGauge(t *testing.T) {
+	cfg := kubeletConfig(t, newFakeDriver(0))
+	reg := prometheus.NewPedanticRegistry()
+	cfg.Registerer = reg
+	r := start(t, cfg)
+	k := kubelet{t: t, path: r.SocketPath()}
+	k.waitServed()
+	gauge := func(want string) {
+		t.Helper()
+		if err := testutil.GatherAndCompare(reg, strings.NewReader(`# HELP loopvol_registrar_registered 1 while the driver is registered on this node: kubelet confirmed the registration on the current socket (CSINode mode kubelet), or the CSINode entry is in place (mode direct); else 0.
+# TYPE loopvol_registrar_registered gauge
+loopvol_registrar_registered `+want+"\n"), "loopvol_registrar_registered"); err != nil {
+			t.Error(err)
+		}
+	}
+	gauge("0")
+	k.notify(true, "")
+	gauge("1")
+	k.notify(false, "plugin validation failed")
+	gauge("0")
 }
