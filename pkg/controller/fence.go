@@ -66,10 +66,10 @@ var (
 	}, []string{"method"})
 )
 
-// Collectors returns the controller's own metrics, for the driver's
-// registry.
+// Collectors returns the controller's own metrics (the fence's, and the
+// abnormal volumes of healthmetrics.go), for the driver's registry.
 func Collectors() []prometheus.Collector {
-	return []prometheus.Collector{fencedVolumes, fenceSeconds}
+	return []prometheus.Collector{fencedVolumes, fenceSeconds, abnormalVolumes}
 }
 
 // writerEntry says whether a staged entry may write the image: a record

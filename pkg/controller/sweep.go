@@ -34,7 +34,8 @@ func (s *Server) Start(ctx context.Context) {
 // their grace that hold no data) and logs what it found: orphans it keeps
 // are reported every time, those with data loudly, since they are volumes
 // whose record was lost. Until reclaimed, an orphan's space is used, and
-// GetCapacity does not offer it.
+// GetCapacity does not offer it. Then it counts the volumes whose health is
+// abnormal (loopvol_volumes_abnormal).
 func (s *Server) Sweep(ctx context.Context) {
 	logger := klog.FromContext(ctx)
 	// Moves that a killed process left and nobody retried first: finished
@@ -77,6 +78,7 @@ func (s *Server) Sweep(ctx context.Context) {
 			logger.Info("Removed a group snapshot whose CreateVolumeGroupSnapshot died before it was whole and was not retried", "pool", p.Name, "groupSnapshotID", id.String())
 		}
 	}
+	s.countAbnormal(ctx)
 }
 
 func logOrphan(logger klog.Logger, p *pool.Pool, o pool.Orphan, grace time.Duration) {
