@@ -154,6 +154,9 @@ type Controller struct {
 
 	mu    sync.Mutex
 	items map[workItem]*itemState
+	// started is when Run began acting (zero on a standby replica, which
+	// checks nothing), guarded by mu.
+	started time.Time
 }
 
 // New builds a controller over the shared informers of cfg: StorageClasses,
@@ -240,6 +243,9 @@ func (c *Controller) Run(ctx context.Context) error {
 	if c.csiNodeInformer != nil {
 		c.resyncTopology(ctx)
 	}
+	c.mu.Lock()
+	c.started = c.clock.Now()
+	c.mu.Unlock()
 	c.enqueueAll()
 	logger.V(2).Info("Capacity controller knows its segments and classes", "segments", len(c.topo.keys()), "storageClasses", len(c.wantedClasses()))
 

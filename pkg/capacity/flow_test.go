@@ -443,3 +443,50 @@ func TestNoWritesWithoutTheLease(t *testing.T) {
 		t.Errorf("%d writes once leading, want 2 creates", n)
 	}
 }
+
+// TestOldestCheckMetric: loopvol_capacity_oldest_check_seconds counts from
+// the start for objects never confirmed, drops to zero when every object
+// is, and grows while GetCapacity fails; a replica that is not acting
+// reports none.
+func TestOldestCheckMetric(t *testing.T) {
+	f := newFixture(t, topoCaps, with(twoZones(), class("fast")))
+	age := func() (float64, bool) {
+		t.Helper()
+		mfs, err := f.Registry.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() == "loopvol_capacity_oldest_check_seconds" {
+				return mf.GetMetric()[0].GetGauge().GetValue(), true
+			}
+		}
+		return 0, false
+	}
+	if v, ok := age(); ok {
+		t.Errorf("a replica that is not acting reports an age of %v", v)
+	}
+	f.c.mu.Lock()
+	f.c.started = f.Clock.Now()
+	f.c.mu.Unlock()
+	f.Clock.Step(30 * time.Second)
+	if v, _ := age(); v != 30 {
+		t.Errorf("30 s after the start, nothing confirmed: %v, want 30", v)
+	}
+	f.drain()
+	if v, _ := age(); v != 0 {
+		t.Errorf("every object just confirmed: %v, want 0", v)
+	}
+	f.Clock.Step(2 * time.Minute)
+	f.csi.err = status.Error(codes.Unavailable, "driver gone")
+	f.c.enqueueAll()
+	f.drain()
+	if v, _ := age(); v != 120 {
+		t.Errorf("2 min of failing GetCapacity: %v, want 120", v)
+	}
+	if err := testutil.GatherAndCompare(f.Registry, strings.NewReader(
+		"# HELP loopvol_capacity_poll_interval_seconds How often every CSIStorageCapacity object is checked against the driver (--capacity-poll-interval).\n"+
+			"# TYPE loopvol_capacity_poll_interval_seconds gauge\nloopvol_capacity_poll_interval_seconds 60\n"), "loopvol_capacity_poll_interval_seconds"); err != nil {
+		t.Error(err)
+	}
+}

@@ -47,6 +47,9 @@ func sameQuantity(a, b *resource.Quantity) bool {
 type itemState struct {
 	// lastSync is when the last sync started (refresh coalesces by it).
 	lastSync time.Time
+	// checked is when the last sync that succeeded started: the object
+	// was then as the driver's answer says (loopvol_capacity_oldest_check_seconds).
+	checked time.Time
 	// published is the object the last successful sync left in place, and
 	// its figures: an event showing that object with those figures is the
 	// controller's own write coming back.
@@ -163,8 +166,9 @@ func (c *Controller) objectsOf(it workItem) []*storagev1.CSIStorageCapacity {
 func (c *Controller) sync(ctx context.Context, it workItem) error {
 	logger := klog.LoggerWithValues(klog.FromContext(ctx), "storageClass", it.class, "segment", it.segment)
 	ctx = klog.NewContext(ctx, logger)
+	began := c.clock.Now()
 	c.mu.Lock()
-	c.state(it).lastSync = c.clock.Now()
+	c.state(it).lastSync = began
 	c.mu.Unlock()
 
 	sc, wanted := c.wanted(it)
@@ -195,9 +199,16 @@ func (c *Controller) sync(ctx context.Context, it workItem) error {
 		}
 	}
 	if len(objs) == 0 {
-		return c.create(ctx, it, want)
+		err = c.create(ctx, it, want)
+	} else {
+		err = c.update(ctx, it, objs[0], want)
 	}
-	return c.update(ctx, it, objs[0], want)
+	if err == nil {
+		c.mu.Lock()
+		c.state(it).checked = began
+		c.mu.Unlock()
+	}
+	return err
 }
 
 // getCapacity asks the driver about sc in the segment key. The empty
