@@ -3,6 +3,7 @@ package heartbeat
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"math"
 	"strconv"
@@ -162,6 +163,20 @@ func incarnationOf(l *coordinationv1.Lease) time.Time {
 		return time.Time{}
 	}
 	return t
+}
+
+// validateLeases checks what the Renewer and the Observer both need to
+// reach a driver's Leases: a client, a namespace, a driver name.
+func validateLeases(client Client, namespace, driver string) error {
+	switch {
+	case client == nil:
+		return errors.New("no Kubernetes client")
+	case len(validation.IsDNS1123Label(namespace)) > 0:
+		return fmt.Errorf("the namespace %q is not a valid namespace name", namespace)
+	case driver == "" || len(validation.IsValidLabelValue(driver)) > 0:
+		return fmt.Errorf("the driver name %q is not a valid CSI driver name (at most 63 characters: letters, digits, '-', '.')", driver)
+	}
+	return nil
 }
 
 // fencedOf parses the Lease's fenced-volumes annotation (-1 if it is

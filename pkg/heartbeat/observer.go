@@ -12,7 +12,6 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
@@ -66,13 +65,10 @@ func (c ObserverConfig) withDefaults() ObserverConfig {
 // cannot work.
 func (c ObserverConfig) Validate() error {
 	c = c.withDefaults()
+	if err := validateLeases(c.Client, c.Namespace, c.DriverName); err != nil {
+		return err
+	}
 	switch {
-	case c.Client == nil:
-		return errors.New("no Kubernetes client")
-	case len(validation.IsDNS1123Label(c.Namespace)) > 0:
-		return fmt.Errorf("the namespace %q is not a valid namespace name", c.Namespace)
-	case c.DriverName == "" || len(validation.IsValidLabelValue(c.DriverName)) > 0:
-		return fmt.Errorf("the driver name %q is not a valid CSI driver name (at most 63 characters: letters, digits, '-', '.')", c.DriverName)
 	case c.FencingPeriod < 0 || c.ProbeInterval < 0 || c.ProbeTimeout < 0:
 		return errors.New("the durations must not be negative")
 	case c.ProbeTimeout >= c.ProbeInterval:

@@ -13,7 +13,6 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
@@ -94,13 +93,10 @@ func (c RenewerConfig) withDefaults() RenewerConfig {
 // cannot work.
 func (c RenewerConfig) Validate() error {
 	c = c.withDefaults()
+	if err := validateLeases(c.Client, c.Namespace, c.DriverName); err != nil {
+		return err
+	}
 	switch {
-	case c.Client == nil:
-		return errors.New("no Kubernetes client")
-	case len(validation.IsDNS1123Label(c.Namespace)) > 0:
-		return fmt.Errorf("the namespace %q is not a valid namespace name", c.Namespace)
-	case c.DriverName == "" || len(validation.IsValidLabelValue(c.DriverName)) > 0:
-		return fmt.Errorf("the driver name %q is not a valid CSI driver name (at most 63 characters: letters, digits, '-', '.')", c.DriverName)
 	case c.NodeID == "":
 		return errors.New("the node ID is empty")
 	case c.Incarnation.IsZero():
