@@ -187,13 +187,23 @@ func (s *Server) shutDownFencedLocked(ctx context.Context, id pool.VolumeID, dev
 // checkFenced shuts down every filesystem mounted from a fenced device of a
 // shared-pool volume (see above).
 func (s *Server) checkFenced(ctx context.Context) {
-	held, err := s.node.heldFenced(ctx)
+	logger := klog.FromContext(ctx)
+	devs, held, err := s.node.heldFenced(ctx)
 	if err != nil {
-		klog.FromContext(ctx).Error(err, "Could not look for the filesystems of fenced volumes")
+		logger.Error(err, "Could not look for the filesystems of fenced volumes")
+		return
+	}
+	s.node.shut.keepOnly(devs)
+	if len(held) == 0 {
+		return
+	}
+	es, err := s.node.mounts.list()
+	if err != nil {
+		logger.Error(err, "Could not read the mount table to find the filesystems of fenced volumes")
 		return
 	}
 	for _, h := range held {
-		if h.mounted {
+		if _, mounted := rootMount(es, h.dev); mounted {
 			s.shutDownFencedLocked(ctx, h.id, h.dev)
 		}
 	}
@@ -204,7 +214,7 @@ func (s *Server) checkFenced(ctx context.Context) {
 // cannot tell). The heartbeat writes it into its Lease, and the fencing
 // controller keeps its out-of-service taint on the node until it is 0.
 func (s *Server) FencedVolumes(ctx context.Context) int {
-	held, err := s.node.heldFenced(ctx)
+	_, held, err := s.node.heldFenced(ctx)
 	if err != nil {
 		klog.FromContext(ctx).Error(err, "Could not count the fenced volumes this node holds")
 		return -1
@@ -218,28 +228,22 @@ func (s *Server) FencedVolumes(ctx context.Context) int {
 
 // heldDevice is a fenced loop device of this node's.
 type heldDevice struct {
-	id      pool.VolumeID
-	dev     string
-	mounted bool // a filesystem of it is mounted
+	id  pool.VolumeID
+	dev string
 }
 
-// heldFenced lists this node's fenced loop devices of shared-pool volumes.
+// heldFenced lists this node's loop devices (devs) and, of them, the
+// fenced devices of shared-pool volumes (held).
 // The fence broke the node's staged record of each volume, so the devices
 // are found as the start finds them (reconcileStaged): by their backing
 // files. A volume whose pool or devices cannot be read is left out (logged:
 // the next look finds it).
-func (n *node) heldFenced(ctx context.Context) ([]heldDevice, error) {
+func (n *node) heldFenced(ctx context.Context) (devs []string, held []heldDevice, err error) {
 	logger := klog.FromContext(ctx)
-	devs, err := n.Loop.List()
+	devs, err = n.Loop.List()
 	if err != nil {
-		return nil, fmt.Errorf("list this node's loop devices: %w", err)
+		return nil, nil, fmt.Errorf("list this node's loop devices: %w", err)
 	}
-	n.shut.keepOnly(devs)
-	es, err := n.mounts.list()
-	if err != nil {
-		return nil, fmt.Errorf("read the mount table: %w", err)
-	}
-	var held []heldDevice
 	fenced := map[string][]string{} // volume ID → its fenced devices (none: not shared)
 	for _, dev := range devs {
 		id, ok := n.volumeOfDevice(dev)
@@ -260,11 +264,10 @@ func (n *node) heldFenced(ctx context.Context) ([]heldDevice, error) {
 			fenced[id.String()] = of
 		}
 		if slices.Contains(of, dev) {
-			_, mounted := rootMount(es, dev)
-			held = append(held, heldDevice{id: id, dev: dev, mounted: mounted})
+			held = append(held, heldDevice{id: id, dev: dev})
 		}
 	}
-	return held, nil
+	return devs, held, nil
 }
 
 // volumeOfDevice returns the volume whose image (or a file that was it)
