@@ -47,6 +47,22 @@ func writeSynced(t *testing.T, dev string, off int64, b byte) {
 	}
 }
 
+// ext4Pool opens pool "shared" on an ext4 (no reflink: fences are copies)
+// of size bytes, loop-mounted until the test ends.
+func ext4Pool(t *testing.T, size int64) *Pool {
+	t.Helper()
+	root := t.TempDir()
+	mnt := filepath.Join(root, "mnt")
+	must(t, os.Mkdir(mnt, 0o700))
+	testfs.Mount(t, filepath.Join(root, "fs.img"), mnt, size, "mkfs.ext4", "-q")
+	p, err := Open(Options{Name: "shared", Zone: "z1", Path: filepath.Join(mnt, "pool")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	return p
+}
+
 // TestFenceImage: a node has the volume attached (a real loop device, direct
 // I/O, as the node plugin attaches it) and has written to it. After the
 // fence every write it acknowledged before is in the volume's image, and
@@ -154,15 +170,7 @@ func TestFenceImageRefusedWithoutSpace(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: mounts an ext4")
 	}
-	root := t.TempDir()
-	mnt := filepath.Join(root, "mnt")
-	must(t, os.Mkdir(mnt, 0o700))
-	testfs.Mount(t, filepath.Join(root, "fs.img"), mnt, 128<<20, "mkfs.ext4", "-q")
-	p, err := Open(Options{Name: "shared", Zone: "z1", Path: filepath.Join(mnt, "pool")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { p.Close() })
+	p := ext4Pool(t, 128<<20)
 	u, err := p.Usage()
 	if err != nil {
 		t.Fatal(err)
@@ -200,15 +208,7 @@ func TestFenceByCopyWrittenMeanwhile(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: mounts an ext4 and attaches a loop device")
 	}
-	root := t.TempDir()
-	mnt := filepath.Join(root, "mnt")
-	must(t, os.Mkdir(mnt, 0o700))
-	testfs.Mount(t, filepath.Join(root, "fs.img"), mnt, 256<<20, "mkfs.ext4", "-q")
-	p, err := Open(Options{Name: "shared", Zone: "z1", Path: filepath.Join(mnt, "pool")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { p.Close() })
+	p := ext4Pool(t, 256<<20)
 	v, err := p.CreateVolume(t.Context(), spec("returning", 32<<20))
 	if err != nil {
 		t.Fatal(err)
