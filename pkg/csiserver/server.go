@@ -17,6 +17,7 @@ import (
 
 	"github.com/loopvol/loopvol/internal/unixsock"
 	"github.com/loopvol/loopvol/pkg/fenceapi"
+	"github.com/loopvol/loopvol/pkg/statusapi"
 )
 
 // Config says what to serve where.
@@ -30,6 +31,9 @@ type Config struct {
 	// Fence is loopvol's fencing service (pkg/fenceapi), beside the
 	// Controller service; may be nil.
 	Fence fenceapi.FenceServer
+	// Status is loopvol's status service (pkg/statusapi), beside the Node
+	// service; may be nil.
+	Status statusapi.StatusServer
 	// Metrics records csi_plugin_operations_seconds; may be nil.
 	Metrics metrics.CSIMetricsManager
 }
@@ -72,6 +76,9 @@ func Listen(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	if cfg.Fence != nil {
 		fenceapi.RegisterFenceServer(g, cfg.Fence)
+	}
+	if cfg.Status != nil {
+		statusapi.RegisterStatusServer(g, cfg.Status)
 	}
 	return &Server{grpc: g, listener: l}, nil
 }

@@ -10,20 +10,18 @@
 // volume it had staged, so that the detach that follows is safe. ceph-csi
 // has the same split with csi-addons' NetworkFence.
 //
-// The service is gRPC with JSON messages (a codec of this package), not
+// The service is gRPC with JSON messages (internal/jsongrpc), not
 // protobuf: two plain structs need no code generator in the build, and the
-// sidecar and the driver are always built together. The codec is used only
-// by calls that ask for it (content subtype "json"), so CSI's protobuf calls
-// on the same socket are untouched.
+// sidecar and the driver are always built together.
 package fenceapi
 
 import (
 	"context"
-	"encoding/json"
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/encoding"
+
+	"github.com/loopvol/loopvol/internal/jsongrpc"
 )
 
 // Service and method names on the wire.
@@ -86,26 +84,8 @@ type FenceServer interface {
 
 // RegisterFenceServer serves srv on s.
 func RegisterFenceServer(s grpc.ServiceRegistrar, srv FenceServer) {
-	s.RegisterService(&grpc.ServiceDesc{
-		ServiceName: ServiceName,
-		HandlerType: (*FenceServer)(nil),
-		Methods: []grpc.MethodDesc{{
-			MethodName: "FenceNode",
-			Handler: func(srv any, ctx context.Context, dec func(any) error, interceptor grpc.UnaryServerInterceptor) (any, error) {
-				req := new(FenceNodeRequest)
-				if err := dec(req); err != nil {
-					return nil, err
-				}
-				call := func(ctx context.Context, req any) (any, error) {
-					return srv.(FenceServer).FenceNode(ctx, req.(*FenceNodeRequest))
-				}
-				if interceptor == nil {
-					return call(ctx, req)
-				}
-				return interceptor(ctx, req, &grpc.UnaryServerInfo{Server: srv, FullMethod: FenceNodeMethod}, call)
-			},
-		}},
-	}, srv)
+	jsongrpc.Register(s, ServiceName, (*FenceServer)(nil), srv,
+		jsongrpc.Method[FenceNodeRequest, FenceNodeResponse]{Name: "FenceNode", Call: srv.FenceNode}.Desc(ServiceName))
 }
 
 // Client is the sidecar's side.
@@ -117,21 +97,5 @@ func NewClient(cc grpc.ClientConnInterface) *Client { return &Client{cc: cc} }
 // FenceNode fences a node; a driver without the service answers
 // UNIMPLEMENTED.
 func (c *Client) FenceNode(ctx context.Context, req *FenceNodeRequest) (*FenceNodeResponse, error) {
-	resp := new(FenceNodeResponse)
-	if err := c.cc.Invoke(ctx, FenceNodeMethod, req, resp, grpc.CallContentSubtype(codecName)); err != nil {
-		return nil, err
-	}
-	return resp, nil
+	return jsongrpc.Invoke[FenceNodeResponse](ctx, c.cc, FenceNodeMethod, req)
 }
-
-const codecName = "json"
-
-// jsonCodec marshals this package's messages. Registered under "json", it
-// is what gRPC uses for calls of content type application/grpc+json only.
-type jsonCodec struct{}
-
-func (jsonCodec) Marshal(v any) ([]byte, error)      { return json.Marshal(v) }
-func (jsonCodec) Unmarshal(data []byte, v any) error { return json.Unmarshal(data, v) }
-func (jsonCodec) Name() string                       { return codecName }
-
-func init() { encoding.RegisterCodec(jsonCodec{}) }
