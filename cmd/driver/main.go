@@ -1,6 +1,7 @@
 // Command driver is the loopvol CSI driver: the Identity service plus the
 // Controller service (--mode=controller), the Node service (--mode=node) or
-// both (--mode=all) on one unix socket.
+// both (--mode=all) on one unix socket. `driver status` prints the status of
+// a running node plugin (status.go).
 //
 // main only parses the flags into a config, validates it and calls run,
 // and exits in one place; run opens the pools, builds the services, serves
@@ -84,6 +85,9 @@ func main() {
 // mainWithCode runs the command and returns its exit code: 0 after a clean
 // stop, 1 when it failed, 2 for a bad command line.
 func mainWithCode(args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == "status" {
+		return statusMain(args[1:], stdout, stderr)
+	}
 	host, _ := os.Hostname()
 	cfg, err := parseFlags(args, stdout, host)
 	switch {
@@ -122,7 +126,7 @@ func mainWithCode(args []string, stdout, stderr io.Writer) int {
 func parseFlags(args []string, output io.Writer, host string) (*config, error) {
 	cfg := &config{logging: logsapi.NewLoggingConfiguration()}
 	fs := newFlagSet(cfg, host)
-	if err := command.Parse(fs, args, output, "Usage: driver [flags]\n\nloopvol's CSI driver: the Identity service with the Controller service, the Node service or both on one unix socket."); err != nil {
+	if err := command.Parse(fs, args, output, "Usage: driver [flags]\n       driver status [flags]\n\nloopvol's CSI driver: the Identity service with the Controller service, the Node service or both on one unix socket.\n'driver status' prints the status of a running node plugin as JSON ('driver status --help')."); err != nil {
 		return nil, err
 	}
 	if cfg.showVersion {

@@ -265,8 +265,8 @@ func TestHelpShowsEveryFlag(t *testing.T) {
 	})
 }
 
-// testDriver is a controller-mode driver run by run in this process, on a
-// pool and a socket of its own.
+// testDriver is a driver run by run in this process, on a pool and a
+// socket of its own: controller mode unless flags say otherwise.
 type testDriver struct {
 	cfg    *config
 	socket string
@@ -276,11 +276,12 @@ type testDriver struct {
 	http   chan string // the HTTP endpoint's address, once it listens
 }
 
-func startDriver(t *testing.T, listen listenFunc) *testDriver {
+func startDriver(t *testing.T, listen listenFunc, flags ...string) *testDriver {
 	t.Helper()
 	dir := t.TempDir()
 	d := &testDriver{socket: filepath.Join(dir, "csi.sock"), pool: filepath.Join(dir, "pool"), done: make(chan error, 1), http: make(chan string, 1)}
-	cfg, err := parseFlags([]string{"--mode=controller", "--endpoint=unix://" + d.socket, "--pool=p1=" + d.pool, "--http-endpoint=127.0.0.1:0"}, io.Discard, testHost)
+	args := []string{"--mode=controller", "--endpoint=unix://" + d.socket, "--pool=p1=" + d.pool, "--http-endpoint=127.0.0.1:0"}
+	cfg, err := parseFlags(append(args, flags...), io.Discard, testHost)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -70,6 +70,7 @@ func run(ctx context.Context, cfg *config, listen listenFunc) error {
 			NodeID:     cfg.nodeID,
 			Zone:       cfg.zone,
 			MaxVolumes: cfg.maxVolumes,
+			Version:    version,
 			KubeletDir: cfg.kubeletDir,
 			Pools:      byName,
 			Loop:       loop.New(loop.Owner(cfg.nodeID)), // only this node's devices (docs/security.md)
@@ -80,6 +81,7 @@ func run(ctx context.Context, cfg *config, listen listenFunc) error {
 		}
 		n.Start(ctx) // its staged records, as its loop devices say
 		srvCfg.Node = n
+		srvCfg.Status = n
 		if cfg.heartbeatNamespace == "" {
 			// Nothing of this run freezes: what an earlier run, with a
 			// heartbeat, may have left frozen is thawed now.

@@ -26,6 +26,8 @@ type Config struct {
 	Zone string
 	// MaxVolumes is reported as max_volumes_per_node (0: no limit).
 	MaxVolumes int64
+	// Version is the driver's build, reported by NodeStatus.
+	Version string
 	// KubeletDir is the only directory under which staging and target paths
 	// are accepted.
 	KubeletDir string

@@ -7,6 +7,8 @@ import (
 	"strings"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+
+	"github.com/loopvol/loopvol/pkg/pool"
 )
 
 // Reasons of NodeGetStorageHealth entries.
@@ -32,33 +34,9 @@ const nearlyFullPercent = 5
 func (s *Server) NodeGetStorageHealth(ctx context.Context, _ *csi.NodeGetStorageHealthRequest) (*csi.NodeGetStorageHealthResponse, error) {
 	byReason := map[string][]string{}
 	for name, p := range s.node.pools {
-		if err := p.Check(); err != nil {
-			byReason[reasonPoolUnusable] = append(byReason[reasonPoolUnusable], fmt.Sprintf("%s (%v)", name, err))
-			continue
+		if reason, detail, _ := poolHealth(p); reason != "" {
+			byReason[reason] = append(byReason[reason], fmt.Sprintf("%s (%s)", name, detail))
 		}
-		u, err := p.Usage()
-		if err != nil {
-			byReason[reasonPoolUnusable] = append(byReason[reasonPoolUnusable], fmt.Sprintf("%s (%v)", name, err))
-			continue
-		}
-		if u.FreeBytes < u.PromisedBytes {
-			byReason[reasonPoolOvercommitted] = append(byReason[reasonPoolOvercommitted],
-				fmt.Sprintf("%s (%d bytes free, %d promised to images)", name, u.FreeBytes, u.PromisedBytes))
-		} else if u.TotalBytes > 0 && u.FreeBytes*100 < u.TotalBytes*nearlyFullPercent {
-			byReason[reasonPoolNearlyFull] = append(byReason[reasonPoolNearlyFull],
-				fmt.Sprintf("%s (%d of %d bytes free)", name, u.FreeBytes, u.TotalBytes))
-		}
-	}
-	what := map[string]struct {
-		status csi.StorageHealthErrorType
-		hint   string
-	}{
-		reasonPoolUnusable: {csi.StorageHealthErrorType_STORAGE_UNREACHABLE,
-			"its volumes cannot be staged here; check that the pool directory is mounted and writable and holds its .loopvol-pool marker"},
-		reasonPoolOvercommitted: {csi.StorageHealthErrorType_STORAGE_DEGRADED,
-			"writes to thin or sparse volumes may fail with ENOSPC; free space on the pool's filesystem or make volumes thick (preallocate: \"true\")"},
-		reasonPoolNearlyFull: {csi.StorageHealthErrorType_STORAGE_DEGRADED,
-			"new volumes may not fit and writes to thin volumes or reflinked snapshots need free blocks; free space or grow the pool's filesystem"},
 	}
 	resp := &csi.NodeGetStorageHealthResponse{}
 	for _, reason := range []string{reasonPoolUnusable, reasonPoolOvercommitted, reasonPoolNearlyFull} {
@@ -68,10 +46,44 @@ func (s *Server) NodeGetStorageHealth(ctx context.Context, _ *csi.NodeGetStorage
 		}
 		sort.Strings(pools)
 		resp.BackendHealth = append(resp.BackendHealth, &csi.NodeGetStorageHealthResponse_StorageBackendHealth{
-			Status:  what[reason].status,
+			Status:  poolHealthReasons[reason].status,
 			Reason:  reason,
-			Message: "pools " + strings.Join(pools, ", ") + ": " + what[reason].hint,
+			Message: "pools " + strings.Join(pools, ", ") + ": " + poolHealthReasons[reason].hint,
 		})
 	}
 	return resp, nil
+}
+
+// poolHealthReasons say, per reason, the status NodeGetStorageHealth gives
+// and what an operator does about it.
+var poolHealthReasons = map[string]struct {
+	status csi.StorageHealthErrorType
+	hint   string
+}{
+	reasonPoolUnusable: {csi.StorageHealthErrorType_STORAGE_UNREACHABLE,
+		"its volumes cannot be staged here; check that the pool directory is mounted and writable and holds its .loopvol-pool marker"},
+	reasonPoolOvercommitted: {csi.StorageHealthErrorType_STORAGE_DEGRADED,
+		"writes to thin or sparse volumes may fail with ENOSPC; free space on the pool's filesystem or make volumes thick (preallocate: \"true\")"},
+	reasonPoolNearlyFull: {csi.StorageHealthErrorType_STORAGE_DEGRADED,
+		"new volumes may not fit and writes to thin volumes or reflinked snapshots need free blocks; free space or grow the pool's filesystem"},
+}
+
+// poolHealth judges one pool: reason is "" for a healthy pool, else one of
+// the reasons above with detail saying why. u is the pool's use, when it
+// could be read.
+func poolHealth(p *pool.Pool) (reason, detail string, u pool.Usage) {
+	if err := p.Check(); err != nil {
+		return reasonPoolUnusable, err.Error(), u
+	}
+	u, err := p.Usage()
+	if err != nil {
+		return reasonPoolUnusable, err.Error(), u
+	}
+	switch {
+	case u.FreeBytes < u.PromisedBytes:
+		return reasonPoolOvercommitted, fmt.Sprintf("%d bytes free, %d promised to images", u.FreeBytes, u.PromisedBytes), u
+	case u.TotalBytes > 0 && u.FreeBytes*100 < u.TotalBytes*nearlyFullPercent:
+		return reasonPoolNearlyFull, fmt.Sprintf("%d of %d bytes free", u.FreeBytes, u.TotalBytes), u
+	}
+	return "", "", u
 }

@@ -389,20 +389,34 @@ func (p *Pool) DeleteVolume(id VolumeID) error {
 // wraps ErrNotFound; one that is not a regular file of the pool's owner
 // with one name wraps ErrUntrusted.
 func (p *Pool) ImageSize(id VolumeID) (int64, error) {
+	st, err := p.imageStat(id)
+	return st.Size, err
+}
+
+// ImageAllocated returns the bytes the pool's filesystem has allocated to
+// a volume's image (blocks shared with snapshots or clones counted in
+// full), with ImageSize's errors.
+func (p *Pool) ImageAllocated(id VolumeID) (int64, error) {
+	st, err := p.imageStat(id)
+	return st.Blocks * 512, err
+}
+
+// imageStat is the checked stat of a volume's image.
+func (p *Pool) imageStat(id VolumeID) (unix.Stat_t, error) {
 	if err := p.own(id); err != nil {
-		return 0, err
+		return unix.Stat_t{}, err
 	}
 	st, err := p.vols.stat(imageName(id))
 	if errors.Is(err, fs.ErrNotExist) {
-		return 0, fmt.Errorf("image of volume %s: %w", id, ErrNotFound)
+		return unix.Stat_t{}, fmt.Errorf("image of volume %s: %w", id, ErrNotFound)
 	}
 	if err != nil {
-		return 0, err
+		return unix.Stat_t{}, err
 	}
 	if err := p.vols.check(imageName(id), &st); err != nil {
-		return 0, err
+		return unix.Stat_t{}, err
 	}
-	return st.Size, nil
+	return st, nil
 }
 
 // ListVolumeIDs returns the IDs of the volumes that have a record, sorted.

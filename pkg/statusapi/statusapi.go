@@ -86,6 +86,11 @@ type VolumeStatus struct {
 	VolumeID string `json:"volumeID"`
 	Pool     string `json:"pool"`
 	Image    string `json:"image"`
+	// SizeBytes is the volume's size as its record has it (what was
+	// promised); AllocatedBytes what its image holds on the pool's
+	// filesystem now (less for a thin volume, shared blocks counted).
+	SizeBytes      int64 `json:"sizeBytes,omitempty"`
+	AllocatedBytes int64 `json:"allocatedBytes,omitempty"`
 	// Staged is when this node recorded it staged; zero when it holds a
 	// device of the volume without a record.
 	Staged   time.Time `json:"staged,omitempty"`
