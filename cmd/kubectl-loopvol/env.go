@@ -108,9 +108,10 @@ func (c *cluster) volume(volumeID string) (*nodeView, *statusapi.VolumeStatus) {
 }
 
 // gather lists Nodes, CSINodes and the node plugin Pods, and asks every
-// running plugin for its status (queryNodes). A node whose plugin cannot
-// be asked keeps its error; only failing lists abort.
-func (e *env) gather(ctx context.Context) (*cluster, error) {
+// running plugin of a node that ask accepts (nil: all) for its status
+// (queryNodes). A node whose plugin cannot be asked keeps its error; only
+// failing lists abort.
+func (e *env) gather(ctx context.Context, ask func(*nodeView) bool) (*cluster, error) {
 	nodes, err := e.kube.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("list nodes: %w", err)
@@ -155,7 +156,11 @@ func (e *env) gather(ctx context.Context) (*cluster, error) {
 		c.pluginPods++
 		view(p.Spec.NodeName).pod = p
 	}
-	e.queryNodes(ctx, c.nodes)
+	asked := c.nodes
+	if ask != nil {
+		asked = slices.DeleteFunc(slices.Clone(c.nodes), func(n *nodeView) bool { return !ask(n) })
+	}
+	e.queryNodes(ctx, asked)
 	slices.SortFunc(c.nodes, func(a, b *nodeView) int {
 		if d := strings.Compare(a.zone(), b.zone()); d != 0 {
 			return d

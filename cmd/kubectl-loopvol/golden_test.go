@@ -64,6 +64,14 @@ func TestGolden(t *testing.T) {
 		{name: "volumes-shop", args: []string{"volumes", "-n", "shop"}},
 		{name: "volumes.json", args: []string{"volumes", "-A", "-o", "json"}},
 		{name: "volumes.yaml", args: []string{"volumes", "-A", "-o", "yaml"}},
+		{name: "describe-pvc-bound", args: []string{"describe", "pvc", "data-web-0"}},
+		{name: "describe-pvc-space", args: []string{"describe", "pvc", "big"}},
+		{name: "describe-pvc-wffc", args: []string{"describe", "pvc", "scratch"}},
+		{name: "describe-pvc-attach", args: []string{"describe", "pvc", "logs-web-0"}},
+		{name: "describe-pv", args: []string{"describe", "pv", dbPV}},
+		{name: "describe-pod", args: []string{"describe", "pod", "logs-0"}},
+		{name: "describe-pvc.json", args: []string{"describe", "pvc", "big", "-o", "json"}},
+		{name: "describe-pod.yaml", args: []string{"describe", "pod", "web-0", "-o", "yaml"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFixture(t)
@@ -73,7 +81,11 @@ func TestGolden(t *testing.T) {
 			}
 			golden(t, tc.name, out)
 			if !strings.Contains(tc.name, ".") {
-				checkScreen(t, out, nil)
+				// describe prints paths whole (they are to be copied), and
+				// what a claim waits for on one line.
+				checkScreen(t, out, func(line string) bool {
+					return strings.Contains(line, "/var/lib/") || strings.HasPrefix(line, "Waiting:")
+				})
 			}
 		})
 	}

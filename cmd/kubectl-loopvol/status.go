@@ -114,7 +114,7 @@ func controllerLeases(driver string) []ControllerReport {
 }
 
 func (e *env) status(ctx context.Context) (*StatusReport, error) {
-	c, err := e.gather(ctx)
+	c, err := e.gather(ctx, nil)
 	if err != nil {
 		return nil, err
 	}

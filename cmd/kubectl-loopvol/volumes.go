@@ -80,7 +80,7 @@ func (e *env) volumes(ctx context.Context, all bool) (*VolumesReport, error) {
 	if err != nil {
 		return nil, err
 	}
-	c, err := e.gather(ctx)
+	c, err := e.gather(ctx, nil)
 	if err != nil {
 		return nil, err
 	}
