@@ -157,6 +157,9 @@ func newFixture(t *testing.T) *fixture {
 	for _, p := range []string{"loopvol-pvc-access-modes", "loopvol-storageclass-listed", "loopvol-volumeattachment-status"} {
 		f.add(policy(p), policyBinding(p))
 	}
+	for _, sa := range []string{"loopvol-controller", "loopvol-node"} {
+		f.add(&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: sa, Namespace: testNS}})
+	}
 	f.add(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "loopvol-controller-0", Namespace: testNS,
 		Labels: map[string]string{"app.kubernetes.io/name": "loopvol", "app.kubernetes.io/component": "controller"}},
 		Spec: corev1.PodSpec{NodeName: "worker-1"}, Status: corev1.PodStatus{Phase: corev1.PodRunning}})

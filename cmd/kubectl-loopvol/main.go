@@ -139,7 +139,7 @@ func newRootCommand(newEnv envFactory) *cobra.Command {
 			return body(cmd.Context(), e, args)
 		}
 	}
-	root.AddCommand(newStatusCommand(run), newVolumesCommand(run), newDescribeCommand(run))
+	root.AddCommand(newStatusCommand(run), newVolumesCommand(run), newDescribeCommand(run), newDoctorCommand(run))
 	return root
 }
 

@@ -1,0 +1,437 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+
+	authorizationv1 "k8s.io/api/authorization/v1"
+	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+
+	"github.com/loopvol/loopvol/pkg/capacity"
+	"github.com/loopvol/loopvol/pkg/statusapi"
+)
+
+// kubeletDirHint is what to do when kubelet does not see the node plugin:
+// its directory is the distribution's.
+const kubeletDirHint = "most often kubelet's directory is not " + defaultKubeletDir +
+	" (k3s: /var/lib/rancher/k3s/agent/kubelet, microk8s: /var/snap/microk8s/common/var/lib/kubelet, k0s: /var/lib/k0s/kubelet):" +
+	" set kubeletDir in the ConfigMap loopvol-node-settings of your overlay to kubelet's --root-dir and apply it again"
+
+func (d *doctorRun) checkCSIDriver(ctx context.Context) CheckResult {
+	const name = "csidriver"
+	cd, err := d.kube.StorageV1().CSIDrivers().Get(ctx, d.opts.driver, metav1.GetOptions{})
+	if err != nil {
+		return fail(name, fmt.Sprintf("CSIDriver %s: %v", d.opts.driver, err),
+			"apply your overlay of deploy/kubernetes (kubectl apply -k deploy/kubernetes/overlays/<overlay>)")
+	}
+	s := cd.Spec
+	var must, should []string
+	if s.AttachRequired == nil || !*s.AttachRequired {
+		must = append(must, "attachRequired is not true (attach is loopvol's fencing)")
+	}
+	// Empty is the API's default, Persistent.
+	if len(s.VolumeLifecycleModes) > 0 && !slices.Equal(s.VolumeLifecycleModes, []storagev1.VolumeLifecycleMode{storagev1.VolumeLifecyclePersistent}) {
+		must = append(must, fmt.Sprintf("volumeLifecycleModes is %v, not [Persistent]", s.VolumeLifecycleModes))
+	}
+	if s.StorageCapacity == nil || !*s.StorageCapacity {
+		must = append(must, "storageCapacity is not true (the scheduler ignores the capacity per segment)")
+	}
+	if s.PodInfoOnMount == nil || !*s.PodInfoOnMount {
+		should = append(should, "podInfoOnMount is not true")
+	}
+	if s.FSGroupPolicy == nil || *s.FSGroupPolicy != storagev1.FileFSGroupPolicy {
+		should = append(should, "fsGroupPolicy is not File")
+	}
+	if s.RequiresRepublish != nil && *s.RequiresRepublish {
+		should = append(should, "requiresRepublish is true")
+	}
+	switch {
+	case len(must) > 0:
+		return fail(name, strings.Join(append(must, should...), "; "),
+			"attachRequired and volumeLifecycleModes are immutable: kubectl delete csidriver "+d.opts.driver+
+				", then apply deploy/kubernetes/base/csidriver.yaml (through your overlay) again")
+	case len(should) > 0:
+		return warning(name, strings.Join(should, "; "), "apply deploy/kubernetes/base/csidriver.yaml (through your overlay) again")
+	}
+	return pass(name, "CSIDriver "+d.opts.driver+" has the fields loopvol needs")
+}
+
+// pluginNodes are the nodes that run a node plugin Pod.
+func (d *doctorRun) pluginNodes() []*nodeView {
+	return slices.DeleteFunc(slices.Clone(d.c.nodes), func(n *nodeView) bool { return n.pod == nil })
+}
+
+func (d *doctorRun) checkRegistration(context.Context) CheckResult {
+	const name = "registration"
+	nodes := d.pluginNodes()
+	if len(nodes) == 0 {
+		return fail(name, "no node plugin Pod in "+d.opts.driverNamespace,
+			"apply your overlay, and check the DaemonSet: kubectl -n "+d.opts.driverNamespace+" describe daemonset loopvol-node")
+	}
+	var missing, notReady []string
+	for _, n := range nodes {
+		switch {
+		case n.driver == nil:
+			missing = append(missing, n.name)
+		case !podReady(n.pod):
+			notReady = append(notReady, n.name+" ("+n.pod.Name+")")
+		}
+	}
+	switch {
+	case len(missing) > 0:
+		pod := d.c.node(missing[0]).pod.Name
+		return fail(name, fmt.Sprintf("CSINode lacks %s on %s", d.opts.driver, listNames(missing)),
+			"kubelet has not accepted the node plugin's registration: read kubectl -n "+d.opts.driverNamespace+
+				" logs "+pod+" -c registrar; "+kubeletDirHint)
+	case len(notReady) > 0:
+		return fail(name, "node plugin not Ready on "+listNames(notReady),
+			"the registrar is Ready once kubelet confirmed the registration: kubectl -n "+d.opts.driverNamespace+
+				" describe pod, and the logs of its registrar and driver containers")
+	}
+	return pass(name, fmt.Sprintf("%d of %d nodes: CSINode lists %s, node plugin Ready", len(nodes), len(nodes), d.opts.driver))
+}
+
+func (d *doctorRun) checkKubeletDir(context.Context) CheckResult {
+	const name = "kubelet-dir"
+	var registered int
+	var suspects []string
+	for _, n := range d.pluginNodes() {
+		switch {
+		case n.driver != nil:
+			registered++
+		case n.status != nil:
+			suspects = append(suspects, n.name+" (given "+n.status.KubeletDir+")")
+		default:
+			suspects = append(suspects, n.name+" (unknown)")
+		}
+	}
+	if len(suspects) > 0 {
+		// kubelet's configuration (configz) does not tell its root
+		// directory, so where the registration failed the directory the
+		// plugin was given is only a suspect.
+		return warning(name, "not registered: "+listNames(suspects),
+			"if that is not the node's kubelet --root-dir: "+kubeletDirHint)
+	}
+	if registered == 0 {
+		return warning(name, "no node plugin to check", "")
+	}
+	return pass(name, fmt.Sprintf("kubelet found the registration socket on %d nodes", registered))
+}
+
+func (d *doctorRun) checkVolumeLimit(context.Context) CheckResult {
+	const name = "volume-limit"
+	var wrong []string
+	var checked int
+	var pod string
+	for _, n := range d.pluginNodes() {
+		if n.status == nil || n.status.MaxVolumes == 0 || n.driver == nil {
+			continue
+		}
+		checked++
+		got := "none"
+		if n.driver.Allocatable != nil && n.driver.Allocatable.Count != nil {
+			if int64(*n.driver.Allocatable.Count) == n.status.MaxVolumes {
+				continue
+			}
+			got = fmt.Sprint(*n.driver.Allocatable.Count)
+		}
+		wrong = append(wrong, fmt.Sprintf("%s (CSINode %s, plugin %d)", n.name, got, n.status.MaxVolumes))
+		pod = n.pod.Name
+	}
+	switch {
+	case len(wrong) > 0:
+		return fail(name, "CSINode's count is not the plugin's limit: "+listNames(wrong),
+			"kubelet reads the limit at registration and every nodeAllocatableUpdatePeriodSeconds of the CSIDriver;"+
+				" restart the node plugin to register again: kubectl -n "+d.opts.driverNamespace+" delete pod "+pod)
+	case checked == 0:
+		return pass(name, "no node plugin sets a volume limit")
+	}
+	return pass(name, fmt.Sprintf("CSINode's allocatable count is the plugin's limit on %d nodes", checked))
+}
+
+func (d *doctorRun) checkStorageCapacity(ctx context.Context) CheckResult {
+	const name = "storage-capacity"
+	cd, err := d.kube.StorageV1().CSIDrivers().Get(ctx, d.opts.driver, metav1.GetOptions{})
+	if err == nil && (cd.Spec.StorageCapacity == nil || !*cd.Spec.StorageCapacity) {
+		return warning(name, "the CSIDriver does not ask the scheduler to use capacity", "see the csidriver check")
+	}
+	scs, err := d.kube.StorageV1().StorageClasses().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return fail(name, "list StorageClasses: "+err.Error(), "")
+	}
+	caps, err := d.kube.StorageV1().CSIStorageCapacities(metav1.NamespaceAll).List(ctx, metav1.ListOptions{
+		LabelSelector: labels.Set{capacity.DriverNameLabel: d.opts.driver}.String()})
+	if err != nil {
+		return fail(name, "list CSIStorageCapacities: "+err.Error(), "")
+	}
+	segments := map[string]map[string]string{}
+	for _, n := range d.c.nodes {
+		if n.driver == nil || n.node == nil {
+			continue
+		}
+		seg := map[string]string{}
+		for _, k := range n.driver.TopologyKeys {
+			if v, ok := n.node.Labels[k]; ok {
+				seg[k] = v
+			}
+		}
+		if len(seg) > 0 {
+			segments[labels.Set(seg).String()] = seg
+		}
+	}
+	var missing []string
+	var classes int
+	for _, sc := range scs.Items {
+		if sc.Provisioner != d.opts.driver {
+			continue
+		}
+		classes++
+		for _, key := range slices.Sorted(maps.Keys(segments)) {
+			if !hasCapacity(caps.Items, sc.Name, segments[key], d.opts.driver) {
+				missing = append(missing, sc.Name+"×"+key)
+			}
+		}
+	}
+	switch {
+	case classes == 0:
+		return warning(name, "no StorageClass of "+d.opts.driver, "apply deploy/kubernetes/base/storageclass.yaml, or a class of your own")
+	case len(missing) > 0:
+		return fail(name, "no CSIStorageCapacity for "+listNames(missing),
+			"the capacity controller publishes them (Lease "+capacity.LeaseName(d.opts.driver)+"): check it leads"+
+				" (kubectl loopvol status) and its logs: kubectl -n "+d.opts.driverNamespace+" logs loopvol-controller-0 -c sidecar")
+	}
+	return pass(name, fmt.Sprintf("%d classes × %d segments, each has its CSIStorageCapacity", classes, len(segments)))
+}
+
+// hasCapacity says whether an object of the driver covers class in segment.
+func hasCapacity(caps []storagev1.CSIStorageCapacity, class string, segment map[string]string, driver string) bool {
+	for _, c := range caps {
+		if c.StorageClassName != class || c.Labels[capacity.DriverNameLabel] != driver || c.NodeTopology == nil {
+			continue
+		}
+		if maps.Equal(c.NodeTopology.MatchLabels, segment) && len(c.NodeTopology.MatchExpressions) == 0 {
+			return true
+		}
+	}
+	return false
+}
+
+func (d *doctorRun) checkWebhook(ctx context.Context) CheckResult {
+	const name = "webhook"
+	s, err := d.webhookState(ctx)
+	switch {
+	case err != nil:
+		return fail(name, err.Error(), "")
+	case s.config == nil:
+		return fail(name, "ValidatingWebhookConfiguration "+webhookConfiguration+" is missing",
+			"apply deploy/kubernetes/base/admission/webhook.yaml (through your overlay)")
+	}
+	var problems []string
+	for _, wh := range s.config.Webhooks {
+		certs, err := parseCABundle(wh.ClientConfig.CABundle)
+		if err != nil {
+			problems = append(problems, wh.Name+": caBundle "+err.Error())
+			continue
+		}
+		for _, cert := range certs {
+			if d.now().After(cert.NotAfter) {
+				problems = append(problems, fmt.Sprintf("%s: caBundle certificate %q expired %s", wh.Name, cert.Subject.CommonName, cert.NotAfter.UTC().Format("2006-01-02")))
+			}
+		}
+	}
+	switch {
+	case len(problems) > 0:
+		return fail(name, listNames(problems),
+			"the sidecar (--controllers=webhook) copies ca.crt of its serving Secret (mounted at /etc/loopvol/webhook-tls)"+
+				" into caBundle: check that Secret and the sidecar's logs (kubectl -n "+d.opts.driverNamespace+" logs loopvol-controller-0 -c sidecar)")
+	case s.ready == 0:
+		return fail(name, fmt.Sprintf("Service %s has no ready endpoint", strings.Join(s.services, ",")),
+			"the controller Pod serves the webhook: kubectl -n "+d.opts.driverNamespace+
+				" get pods -l app.kubernetes.io/component=controller; with failurePolicy Ignore, claims are admitted unchecked meanwhile")
+	}
+	return pass(name, fmt.Sprintf("caBundle parses (%d webhooks); %s: %d ready endpoints", len(s.config.Webhooks), strings.Join(s.services, ","), s.ready))
+}
+
+func (d *doctorRun) checkPolicies(ctx context.Context) CheckResult {
+	const name = "policies"
+	ps, err := d.policies(ctx)
+	if err != nil {
+		return fail(name, err.Error(), "")
+	}
+	if len(ps) == 0 {
+		return warning(name, "no ValidatingAdmissionPolicy "+policyPrefix+"*", "apply deploy/kubernetes/base/admission (through your overlay)")
+	}
+	var unbound []string
+	for _, p := range ps {
+		if !p.Bound {
+			unbound = append(unbound, p.Name)
+		}
+	}
+	if len(unbound) > 0 {
+		return fail(name, "not bound: "+listNames(unbound),
+			"a policy without a ValidatingAdmissionPolicyBinding checks nothing: each ships with a binding of its name in deploy/kubernetes/base/admission; apply it")
+	}
+	return pass(name, fmt.Sprintf("%d policies, each bound", len(ps)))
+}
+
+// access is one request a ServiceAccount must be allowed.
+type access struct {
+	verb, group, resource, subresource, name string
+	// namespaced requests are in the driver's namespace.
+	namespaced bool
+}
+
+// serviceAccountAccess is, for each ServiceAccount of
+// deploy/kubernetes/base/serviceaccounts.yaml, a few requests its RBAC
+// (deploy/kubernetes/base/rbac-*.yaml) must allow: one per controller it
+// runs. The node plugin's account needs none in the base.
+var serviceAccountAccess = map[string][]access{
+	"loopvol-controller": {
+		{verb: "patch", group: "storage.k8s.io", resource: "volumeattachments", subresource: "status"},
+		{verb: "patch", resource: "persistentvolumes"},
+		{verb: "create", resource: "persistentvolumes"},
+		{verb: "patch", resource: "persistentvolumeclaims", subresource: "status"},
+		{verb: "list", group: "storage.k8s.io", resource: "csinodes"},
+		{verb: "create", group: "storage.k8s.io", resource: "csistoragecapacities", namespaced: true},
+		{verb: "update", group: "coordination.k8s.io", resource: "leases", namespaced: true},
+		{verb: "patch", group: "admissionregistration.k8s.io", resource: "validatingwebhookconfigurations", name: webhookConfiguration},
+	},
+	"loopvol-node": nil,
+}
+
+func (d *doctorRun) checkRBAC(ctx context.Context) CheckResult {
+	const name = "rbac"
+	var denied []string
+	for _, sa := range slices.Sorted(maps.Keys(serviceAccountAccess)) {
+		if _, err := d.kube.CoreV1().ServiceAccounts(d.opts.driverNamespace).Get(ctx, sa, metav1.GetOptions{}); err != nil {
+			denied = append(denied, fmt.Sprintf("ServiceAccount %s: %v", sa, err))
+			continue
+		}
+		for _, a := range serviceAccountAccess[sa] {
+			ra := &authorizationv1.ResourceAttributes{Verb: a.verb, Group: a.group, Resource: a.resource, Subresource: a.subresource, Name: a.name}
+			if a.namespaced {
+				ra.Namespace = d.opts.driverNamespace
+			}
+			sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+				User:               "system:serviceaccount:" + d.opts.driverNamespace + ":" + sa,
+				Groups:             []string{"system:serviceaccounts", "system:serviceaccounts:" + d.opts.driverNamespace, "system:authenticated"},
+				ResourceAttributes: ra,
+			}}
+			got, err := d.kube.AuthorizationV1().SubjectAccessReviews().Create(ctx, sar, metav1.CreateOptions{})
+			if err != nil {
+				return fail(name, "SubjectAccessReview: "+err.Error(), "doctor needs to create subjectaccessreviews (docs/kubectl-plugin.md, RBAC)")
+			}
+			if !got.Status.Allowed {
+				res := a.resource
+				if a.subresource != "" {
+					res += "/" + a.subresource
+				}
+				denied = append(denied, sa+" cannot "+a.verb+" "+res)
+			}
+		}
+	}
+	if len(denied) > 0 {
+		return fail(name, listNames(denied),
+			"apply the ClusterRoles, Roles and bindings of deploy/kubernetes/base/rbac-*.yaml (through your overlay);"+
+				" in another namespace than loopvol, the bindings' subjects must name it")
+	}
+	return pass(name, "the ServiceAccounts have the access their controllers need")
+}
+
+func (d *doctorRun) checkPluginsWhereUsed(ctx context.Context) CheckResult {
+	const name = "plugins-where-used"
+	pvs, err := d.driverVolumes(ctx)
+	if err != nil {
+		return fail(name, err.Error(), "")
+	}
+	claims := map[string]bool{}
+	for _, pv := range pvs {
+		if ref := pv.Spec.ClaimRef; ref != nil {
+			claims[ref.Namespace+"/"+ref.Name] = true
+		}
+	}
+	pods, err := d.kube.CoreV1().Pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return fail(name, "list Pods: "+err.Error(), "")
+	}
+	var missing []string
+	for i := range pods.Items {
+		p := &pods.Items[i]
+		if p.Spec.NodeName == "" || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+			continue
+		}
+		if n := d.c.node(p.Spec.NodeName); n != nil && n.pod != nil {
+			continue
+		}
+		for _, cl := range podClaims(p) {
+			if claims[p.Namespace+"/"+cl] {
+				missing = append(missing, p.Spec.NodeName+" (Pod "+p.Namespace+"/"+p.Name+")")
+				break
+			}
+		}
+	}
+	if len(missing) > 0 {
+		return fail(name, "no node plugin on "+listNames(missing),
+			"the DaemonSet loopvol-node does not run there: check its nodeSelector and tolerations against the node's labels and taints"+
+				" (kubectl -n "+d.opts.driverNamespace+" describe daemonset loopvol-node)")
+	}
+	return pass(name, "every node with a Pod using a loopvol volume runs a node plugin")
+}
+
+func (d *doctorRun) checkNodeStatus(context.Context) CheckResult {
+	const name = "node-status"
+	var failed []string
+	var ok int
+	for _, n := range d.pluginNodes() {
+		if n.statusErr != nil {
+			failed = append(failed, n.name+": "+n.statusErr.Error())
+			continue
+		}
+		ok++
+	}
+	if len(failed) > 0 {
+		return fail(name, listNames(failed),
+			"`"+statusCommand+"` runs in the node plugin's "+statusContainer+" container through pods/exec: check that you may"+
+				" create pods/exec in "+d.opts.driverNamespace+", and that the driver is Ready (its logs)")
+	}
+	return pass(name, fmt.Sprintf("%d node plugins answered", ok))
+}
+
+func (d *doctorRun) checkPools(context.Context) CheckResult {
+	const name = "pools"
+	var broken, warned []string
+	var pools int
+	for _, n := range d.c.nodes {
+		if n.status == nil {
+			continue
+		}
+		if n.status.SelfFenced {
+			broken = append(broken, n.name+": self-fenced")
+		}
+		for _, p := range n.status.Pools {
+			pools++
+			switch healthTone(p.Health) {
+			case warn:
+				warned = append(warned, n.name+"/"+p.Name+": "+p.Health)
+			case bad:
+				broken = append(broken, n.name+"/"+p.Name+": "+p.Health)
+			}
+		}
+	}
+	switch {
+	case len(broken) > 0:
+		return fail(name, listNames(broken),
+			"kubectl loopvol status shows each pool's message; a pool that is unusable or overcommitted takes no new volume (docs/operations.md)")
+	case len(warned) > 0:
+		return warning(name, listNames(warned), "free space or grow the pool before it fills (docs/operations.md)")
+	case pools == 0:
+		return warning(name, "no node plugin reported a pool", "")
+	}
+	return pass(name, fmt.Sprintf("%d pools %s", pools, statusapi.HealthOK))
+}

@@ -1,0 +1,187 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+
+	storagev1 "k8s.io/api/storage/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/loopvol/loopvol/pkg/statusapi"
+)
+
+// healthy makes the fixture pass every check: worker-2's pool is no
+// longer nearly full.
+func healthy(f *fixture) {
+	p := &f.nodes.status["worker-2"].Pools[0]
+	p.FreeBytes, p.PromisedBytes, p.AvailableBytes, p.Health, p.Message = 150*gib, 40*gib, 150*gib, statusapi.HealthOK, ""
+}
+
+// doctorChecks runs doctor -o json and returns its exit code and checks by name.
+func doctorChecks(t *testing.T, f *fixture) (int, map[string]CheckResult) {
+	t.Helper()
+	out, stderr, code := f.run(t, "default", false, "doctor", "-o", "json")
+	var r DoctorReport
+	if err := json.Unmarshal([]byte(out), &r); err != nil {
+		t.Fatalf("doctor -o json: %v\nstdout: %s\nstderr: %s", err, out, stderr)
+	}
+	checks := map[string]CheckResult{}
+	for _, c := range r.Checks {
+		checks[c.Name] = c
+	}
+	return code, checks
+}
+
+func TestDoctorGolden(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		change func(f *fixture)
+		code   int
+	}{
+		{name: "doctor-pass", change: healthy, code: 0},
+		{name: "doctor-warn", code: 0},
+		{name: "doctor-broken", code: 1, change: func(f *fixture) {
+			healthy(f)
+			brokenRegistration(f)
+			f.remove("ValidatingAdmissionPolicyBinding", "loopvol-pvc-access-modes")
+			f.denied["loopvol-controller patch volumeattachments/status"] = true
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t)
+			if tc.change != nil {
+				tc.change(f)
+			}
+			out, stderr, code := f.run(t, "default", false, "doctor")
+			if code != tc.code {
+				t.Errorf("exit code %d, want %d; stderr: %s", code, tc.code, stderr)
+			}
+			if stderr != "" {
+				t.Errorf("stderr %q: a failing check is no error message", stderr)
+			}
+			golden(t, tc.name, out)
+			checkScreen(t, out, nil)
+		})
+	}
+}
+
+// brokenRegistration makes worker-3's kubelet not know the driver, as
+// when the node plugin was given another kubelet directory than kubelet's.
+func brokenRegistration(f *fixture) {
+	f.remove("CSINode", "worker-3")
+	f.add(&storagev1.CSINode{ObjectMeta: metav1.ObjectMeta{Name: "worker-3"}})
+	f.nodes.status["worker-3"].KubeletDir = "/var/lib/kubelet"
+}
+
+func TestDoctor(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		change func(f *fixture)
+		check  string
+		result string
+		// hint is in the check's hint.
+		hint string
+	}{
+		{name: "all healthy → pass, exit 0", change: healthy, check: "registration", result: resultPass},
+		{name: "CSINode without the driver on a plugin's node → registration fails with the kubelet dir hint",
+			change: func(f *fixture) { healthy(f); brokenRegistration(f) },
+			check:  "registration", result: resultFail, hint: "/var/lib/rancher/k3s/agent/kubelet"},
+		{name: "CSINode without the driver → kubelet-dir warns with what the plugin was given",
+			change: func(f *fixture) { healthy(f); brokenRegistration(f) },
+			check:  "kubelet-dir", result: resultWarn, hint: "/var/snap/microk8s/common/var/lib/kubelet"},
+		{name: "plugin not Ready → registration fails",
+			change: func(f *fixture) {
+				healthy(f)
+				f.remove("Pod", "loopvol-node-q7m8c")
+				p := pluginPod("loopvol-node-q7m8c", "worker-3")
+				p.Status.Conditions[0].Status = "False"
+				f.add(p)
+			},
+			check: "registration", result: resultFail, hint: "registrar"},
+		{name: "attachRequired false → csidriver fails",
+			change: func(f *fixture) {
+				healthy(f)
+				f.remove("CSIDriver", testDriver)
+				cd := csiDriver()
+				*cd.Spec.AttachRequired = false
+				f.add(cd)
+			},
+			check: "csidriver", result: resultFail, hint: "kubectl delete csidriver"},
+		{name: "CSINode count differs from the plugin's limit → volume-limit fails",
+			change: func(f *fixture) { healthy(f); f.nodes.status["worker-1"].MaxVolumes = 32 },
+			check:  "volume-limit", result: resultFail, hint: "delete pod loopvol-node-4xk2p"},
+		{name: "a segment without CSIStorageCapacity → storage-capacity fails",
+			change: func(f *fixture) { healthy(f); f.remove("CSIStorageCapacity", "csisc-zone-b") },
+			check:  "storage-capacity", result: resultFail, hint: "capacity controller"},
+		{name: "caBundle empty → webhook fails",
+			change: func(f *fixture) {
+				healthy(f)
+				f.remove("ValidatingWebhookConfiguration", webhookConfiguration)
+				f.add(webhookConfig(t, false))
+			},
+			check: "webhook", result: resultFail, hint: "ca.crt"},
+		{name: "no ready endpoint → webhook fails",
+			change: func(f *fixture) {
+				healthy(f)
+				f.remove("EndpointSlice", "loopvol-webhook-x8v2k")
+				f.add(webhookEndpoints(0))
+			},
+			check: "webhook", result: resultFail, hint: "failurePolicy Ignore"},
+		{name: "a policy without binding → policies fails",
+			change: func(f *fixture) {
+				healthy(f)
+				f.remove("ValidatingAdmissionPolicyBinding", "loopvol-storageclass-listed")
+			},
+			check: "policies", result: resultFail, hint: "binding"},
+		{name: "RBAC denied → rbac fails",
+			change: func(f *fixture) { healthy(f); f.denied["loopvol-controller update leases"] = true },
+			check:  "rbac", result: resultFail, hint: "rbac-"},
+		{name: "a loopvol Pod on a node without plugin → plugins-where-used fails",
+			change: func(f *fixture) { healthy(f); f.remove("Pod", "loopvol-node-q7m8c") },
+			check:  "plugins-where-used", result: resultFail, hint: "nodeSelector and tolerations"},
+		{name: "exec fails → node-status fails with the error",
+			change: func(f *fixture) {
+				healthy(f)
+				f.nodes.err["worker-2"] = errors.New(statusCommand + " in loopvol/loopvol-node-9fj3d: command terminated with exit code 1: connection refused")
+			},
+			check: "node-status", result: resultFail, hint: "pods/exec"},
+		{name: "a pool nearly full → pools warns", check: "pools", result: resultWarn, hint: "grow the pool"},
+		{name: "a pool unusable → pools fails",
+			change: func(f *fixture) { f.nodes.status["worker-3"].Pools[0].Health = "PoolUnusable" },
+			check:  "pools", result: resultFail, hint: "unusable"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t)
+			if tc.change != nil {
+				tc.change(f)
+			}
+			code, checks := doctorChecks(t, f)
+			got, ok := checks[tc.check]
+			if !ok {
+				t.Fatalf("no check %q in %v", tc.check, checks)
+			}
+			if got.Result != tc.result {
+				t.Errorf("%s: %s (%s), want %s", tc.check, got.Result, got.Detail, tc.result)
+			}
+			if !strings.Contains(got.Hint, tc.hint) {
+				t.Errorf("%s: hint %q, want it to say %q", tc.check, got.Hint, tc.hint)
+			}
+			failed := false
+			for _, c := range checks {
+				failed = failed || c.Result == resultFail
+			}
+			if want := map[bool]int{true: 1, false: 0}[failed]; code != want {
+				t.Errorf("exit code %d, want %d (a check failed: %v)", code, want, failed)
+			}
+			if tc.result == resultPass {
+				for _, c := range checks {
+					if c.Result != resultPass {
+						t.Errorf("healthy cluster: %s is %s: %s", c.Name, c.Result, c.Detail)
+					}
+				}
+			}
+		})
+	}
+}
