@@ -154,6 +154,16 @@ test-monitoring: ##@ deploy/monitoring: the alert rules' unit tests (promtool's 
 	$(GO) -C hack/monitoring vet .
 	$(GO) -C hack/monitoring test -count=1 .
 
+# deploy/helm/loopvol (docs/helm.md): the chart rendered with Helm's SDK for
+# each overlay's ci values and compared object by object with its kustomize
+# build; templates/generated current with the kustomize sources; lint and
+# schema. hack/helm is a module of its own (Helm v4's packages).
+.PHONY: test-helm
+test-helm: ##@ deploy/helm: the chart equal to kustomize build of each overlay, templates/generated current, lint, schema.
+	@echo "### test-helm"
+	$(GO) -C hack/helm vet ./...
+	$(GO) -C hack/helm test -count=1 ./...
+
 # The one-node cluster (docs/cluster.md): kube-controller-manager,
 # kube-scheduler, kubelet, kubectl, containerd, runc, csi-provisioner,
 # csi-attacher, external-snapshotter and pause beside kube-apiserver and etcd;
