@@ -1,6 +1,8 @@
 package main
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -142,5 +144,44 @@ func TestCertManager(t *testing.T) {
 	y, _ := yaml.Marshal(sts)
 	if !strings.Contains(string(y), "secretName: hook-tls") {
 		t.Errorf("the StatefulSet does not mount Secret hook-tls:\n%s", y)
+	}
+}
+
+// TestPrometheusRule: with monitoring.prometheusRule.enabled the chart's
+// PrometheusRule is deploy/monitoring/prometheusrule.yaml in the release's
+// namespace, its Prometheus templates ({{ $labels.pool }}) passed through
+// Helm untouched, with the ruleSelector's labels added.
+func TestPrometheusRule(t *testing.T) {
+	data, err := os.ReadFile(filepath.Join(repo, "deploy", "monitoring", "prometheusrule.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := parseObjects(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const key = "monitoring.coreos.com/v1/PrometheusRule storage/loopvol"
+	for _, o := range want {
+		meta := o["metadata"].(map[string]any)
+		meta["namespace"] = "storage"
+		meta["labels"].(map[string]any)["release"] = "prometheus"
+		want = map[string]object{key: o}
+	}
+	vals := map[string]any{"monitoring": map[string]any{"prometheusRule": map[string]any{
+		"enabled": true, "labels": map[string]any{"release": "prometheus"},
+	}}}
+	manifest, err := renderChart(chartPath, vals, "storage")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := parseObjects([]byte(manifest))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range compareObjects(want, got, func(k string) bool { return k != key }) {
+		t.Error(f)
+	}
+	if !strings.Contains(manifest, "{{ $labels.pool }}") {
+		t.Error("the rendered PrometheusRule lost its Prometheus templates")
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 
@@ -40,6 +41,12 @@ type kustomization struct {
 	handWritten []string
 	// fileCond overrides cond for one resource.
 	fileCond map[string]string
+	// labelsInclude, if set, is the template that gives the objects'
+	// labels in place of loopvol.labels or loopvol.helmLabels.
+	labelsInclude string
+	// escapeTemplates: the file's "{{" and "}}" are not Helm's and reach
+	// the rendered object as they are.
+	escapeTemplates bool
 }
 
 var kustomizations = []kustomization{
@@ -66,7 +73,7 @@ var (
 		"ValidatingAdmissionPolicyBinding", "ValidatingWebhookConfiguration", "VolumeSnapshotClass",
 		"VolumeGroupSnapshotClass",
 	}
-	namespacedKinds = []string{"Role", "RoleBinding", "ConfigMap", "Service", "ServiceAccount"}
+	namespacedKinds = []string{"Role", "RoleBinding", "ConfigMap", "Service", "ServiceAccount", "PrometheusRule"}
 )
 
 // generatedDir is where the generated templates go, inside the chart.
@@ -89,13 +96,27 @@ func generate(repo string) (map[string][]byte, error) {
 			if c, ok := k.fileCond[r]; ok {
 				fk.cond = c
 			}
-			tpl, err := generateFile(repo, src, fk)
+			tpl, err := generateFile(repo, path.Join("kubernetes", src), fk)
 			if err != nil {
 				return nil, fmt.Errorf("%s: %w", src, err)
 			}
 			out[strings.ReplaceAll(src, "/", "_")] = tpl
 		}
 	}
+	// The PrometheusRule is no part of any overlay; the chart offers it
+	// as monitoring.prometheusRule.enabled. Its alerts' annotations are
+	// Prometheus templates, which Helm must pass through.
+	rule := kustomization{
+		cond:            ".Values.monitoring.prometheusRule.enabled",
+		namespaced:      true,
+		labelsInclude:   "loopvol.prometheusRuleLabels",
+		escapeTemplates: true,
+	}
+	tpl, err := generateFile(repo, "monitoring/prometheusrule.yaml", rule)
+	if err != nil {
+		return nil, fmt.Errorf("monitoring/prometheusrule.yaml: %w", err)
+	}
+	out["monitoring_prometheusrule.yaml"] = tpl
 	return out, nil
 }
 
@@ -114,12 +135,19 @@ func kustomizationResources(dir string) ([]string, error) {
 	return k.Resources, nil
 }
 
+// generateFile makes the template of deploy/<src>.
 func generateFile(repo, src string, k kustomization) ([]byte, error) {
-	data, err := os.ReadFile(filepath.Join(repo, "deploy", "kubernetes", src))
+	data, err := os.ReadFile(filepath.Join(repo, "deploy", src))
 	if err != nil {
 		return nil, err
 	}
-	if bytes.Contains(data, []byte("{{")) {
+	if k.escapeTemplates {
+		// Escaped before it is parsed, so that the positions of the edits
+		// below are those of the escaped text. The escapes keep the YAML
+		// as it was: "{{" never starts a scalar of these files (it would
+		// be a flow mapping), so each one lies inside a scalar.
+		data = escapeTemplates(data)
+	} else if bytes.Contains(data, []byte("{{")) {
 		return nil, fmt.Errorf(`holds "{{", which Helm would take for a template: escape it in the generator first`)
 	}
 	// The source is edited line by line where the parsed tree points,
@@ -150,7 +178,7 @@ func generateFile(repo, src string, k kustomization) ([]byte, error) {
 	body = strings.ReplaceAll(body, "system:serviceaccount:loopvol:", "system:serviceaccount:{{ .Release.Namespace }}:")
 
 	var b strings.Builder
-	fmt.Fprintf(&b, "# Generated from deploy/kubernetes/%s by hack/helm (go -C hack/helm run . -write):\n# edit that file, not this one.\n", src)
+	fmt.Fprintf(&b, "# Generated from deploy/%s by hack/helm (go -C hack/helm run . -write):\n# edit that file, not this one.\n", src)
 	if k.cond != "" {
 		fmt.Fprintf(&b, "{{- if %s }}\n", k.cond)
 	}
@@ -206,6 +234,9 @@ func templateObject(e *editor, obj *kyaml.Node, k kustomization) error {
 	include := "loopvol.helmLabels"
 	if k.labels {
 		include = "loopvol.labels"
+	}
+	if k.labelsInclude != "" {
+		include = k.labelsInclude
 	}
 	labels := field(meta, "labels")
 	if labels == nil {
@@ -350,4 +381,14 @@ func (e *editor) apply() (string, error) {
 		out = append(out, e.inserts[i+1]...)
 	}
 	return strings.Join(out, "\n"), nil
+}
+
+var helmDelims = regexp.MustCompile(`\{\{|\}\}`)
+
+// escapeTemplates makes every "{{" and "}}" of data a Helm template that
+// prints it.
+func escapeTemplates(data []byte) []byte {
+	return helmDelims.ReplaceAllFunc(data, func(d []byte) []byte {
+		return []byte(`{{ "` + string(d) + `" }}`)
+	})
 }

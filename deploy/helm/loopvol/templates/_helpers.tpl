@@ -130,3 +130,14 @@ something that does not work.
 {{- end }}
 {{- end }}
 {{- end }}
+
+{{/*
+The PrometheusRule's labels: Helm's, and those a Prometheus Operator's
+ruleSelector looks for.
+*/}}
+{{- define "loopvol.prometheusRuleLabels" -}}
+{{ include "loopvol.helmLabels" . }}
+{{- with .Values.monitoring.prometheusRule.labels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
