@@ -16,12 +16,13 @@ import (
 
 // The chart's templates/generated/ is made from the kustomize sources by
 // `go -C hack/helm run . -write`: the RBAC, the CSIDriver, the admission
-// policies and what the fencing and snapshotter components add. Those carry
-// no value a user sets but the namespace, so the kustomize files stay their
-// one source, comments and all. The objects that values shape (the
-// workloads, the ServiceAccounts, the StorageClasses, the webhook, the
-// policies' params) are written by hand in templates/, and the equality
-// test holds them to the overlays.
+// policies, the webhook configuration, what the fencing and snapshotter
+// components add, and deploy/monitoring's PrometheusRule. Those carry no
+// value a user sets but the namespace and whether they are installed, so
+// the kustomize files stay their one source, comments and all. The objects
+// that values shape (the workloads, the ServiceAccounts, the
+// StorageClasses, the policies' params) are written by hand in templates/,
+// and the equality test holds them to the overlays.
 
 // kustomization lists one kustomization's resources that the chart takes
 // as they are, and what it does to them.
