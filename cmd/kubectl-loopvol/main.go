@@ -122,7 +122,7 @@ func newRootCommand(newEnv envFactory) *cobra.Command {
 	pf.StringVar(&opts.driverNamespace, "driver-namespace", "loopvol", "Namespace loopvol is installed in (its node plugin Pods, Leases, webhook Service).")
 	pf.StringVar(&opts.driver, "driver", "loopvol.csi.io", "Name of loopvol's CSI driver (CSIDriver, PVs' spec.csi.driver, CSINode entries).")
 	pf.StringVarP(&opts.output, "output", "o", "", "Output format: json or yaml; empty for tables.")
-	pf.DurationVar(&opts.nodeTimeout, "node-timeout", 15*time.Second, "How long each node plugin has to answer `driver status` through exec.")
+	pf.DurationVar(&opts.nodeTimeout, "node-timeout", 15*time.Second, "How long each node plugin has to answer /driver status (run through pods/exec).")
 	pf.IntVar(&opts.parallel, "node-parallelism", 8, "How many node plugins are asked at the same time.")
 
 	// run wraps a command's body: the flags are checked and the clients
