@@ -185,3 +185,45 @@ func TestPrometheusRule(t *testing.T) {
 		t.Error("the rendered PrometheusRule lost its Prometheus templates")
 	}
 }
+
+// TestKustomizeChangeFails: a change of a kustomize file that the chart
+// does not follow fails the equality test, here a flag of the base's
+// controller and a rule of the base's RBAC (the second through the
+// generated templates, which are read from disk, not regenerated).
+func TestKustomizeChangeFails(t *testing.T) {
+	mem, err := loadKustomizeTree(repo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for file, change := range map[string][2]string{
+		"base/controller.yaml":    {"--kube-api-qps=100", "--kube-api-qps=50"},
+		"base/rbac-attacher.yaml": {`verbs: ["patch"]`, `verbs: ["patch", "update"]`},
+	} {
+		p := kustomizeRoot + "/" + file
+		data, err := mem.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(string(data), change[0]) {
+			t.Fatalf("%s has no %q any more: pick another change for this test", file, change[0])
+		}
+		if err := mem.WriteFile(p, []byte(strings.Replace(string(data), change[0], change[1], 1))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := kustomizeObjects(t, mem, variants[0])
+	manifest, err := renderChart(chartPath, ciValues(t, variants[0].name), "loopvol")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := parseObjects([]byte(manifest))
+	if err != nil {
+		t.Fatal(err)
+	}
+	all := strings.Join(compareObjects(want, got, func(k string) bool { return k == namespaceKey }), "\n")
+	for _, w := range []string{"-         - --kube-api-qps=50", "+         - --kube-api-qps=100", "-   - update"} {
+		if !strings.Contains(all, w) {
+			t.Errorf("the changed kustomize file's %s is not reported; the comparison said:\n%s", w, all)
+		}
+	}
+}

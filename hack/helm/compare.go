@@ -6,10 +6,10 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"reflect"
 	"slices"
 	"strings"
 
-	"github.com/google/go-cmp/cmp"
 	kyaml "sigs.k8s.io/kustomize/kyaml/yaml"
 	"sigs.k8s.io/yaml"
 )
@@ -102,8 +102,8 @@ func compareObjects(kustomize, chart map[string]object, ignore func(key string) 
 		}
 		want := kustomize[k]
 		stripHelmLabels(got, want)
-		if d := cmp.Diff(want, got); d != "" {
-			findings = append(findings, fmt.Sprintf("%s differs (-kustomize +chart):\n%s", k, d))
+		if !reflect.DeepEqual(want, got) {
+			findings = append(findings, fmt.Sprintf("%s differs (-kustomize +chart):\n%s", k, yamlDiff(want, got)))
 		}
 	}
 	for _, k := range slices.Sorted(maps.Keys(chart)) {
@@ -117,4 +117,91 @@ func compareObjects(kustomize, chart map[string]object, ignore func(key string) 
 
 func indent(s string) string {
 	return "    " + strings.ReplaceAll(strings.TrimRight(s, "\n"), "\n", "\n    ")
+}
+
+// yamlDiff is a unified diff, three lines of context, of want and got as sorted
+// YAML: the lines a reader of either file recognises, where a structural
+// diff would print Go maps.
+func yamlDiff(want, got object) string {
+	ya, _ := yaml.Marshal(want)
+	yb, _ := yaml.Marshal(got)
+	x := strings.Split(strings.TrimRight(string(ya), "\n"), "\n")
+	y := strings.Split(strings.TrimRight(string(yb), "\n"), "\n")
+	// lcs[i][j]: the longest common subsequence of x[i:] and y[j:].
+	lcs := make([][]int, len(x)+1)
+	for i := range lcs {
+		lcs[i] = make([]int, len(y)+1)
+	}
+	for i := len(x) - 1; i >= 0; i-- {
+		for j := len(y) - 1; j >= 0; j-- {
+			if x[i] == y[j] {
+				lcs[i][j] = lcs[i+1][j+1] + 1
+			} else {
+				lcs[i][j] = max(lcs[i+1][j], lcs[i][j+1])
+			}
+		}
+	}
+	type line struct {
+		op   byte
+		text string
+	}
+	var lines []line
+	i, j := 0, 0
+	for i < len(x) || j < len(y) {
+		switch {
+		case i < len(x) && j < len(y) && x[i] == y[j]:
+			lines = append(lines, line{' ', x[i]})
+			i, j = i+1, j+1
+		case i < len(x) && (j == len(y) || lcs[i+1][j] >= lcs[i][j+1]):
+			lines = append(lines, line{'-', x[i]})
+			i++
+		default:
+			lines = append(lines, line{'+', y[j]})
+			j++
+		}
+	}
+	// Print every changed line and the unchanged ones within context of
+	// one; "..." stands for the rest.
+	const context = 3
+	show := make([]bool, len(lines))
+	for n, l := range lines {
+		if l.op != ' ' {
+			for k := max(0, n-context); k <= min(len(lines)-1, n+context); k++ {
+				show[k] = true
+			}
+		}
+	}
+	var b strings.Builder
+	for n, l := range lines {
+		switch {
+		case show[n]:
+			if n == 0 || !show[n-1] {
+				// Where the hunk is: the lines it is nested in.
+				var path []string
+				ind := indentOf(l.text)
+				for k := n - 1; k >= 0 && ind > 0; k-- {
+					if t := lines[k].text; lines[k].op != '+' && indentOf(t) < ind {
+						path = append([]string{strings.TrimSpace(t)}, path...)
+						ind = indentOf(t)
+					}
+				}
+				fmt.Fprintf(&b, "  @@ %s\n", strings.Join(path, " > "))
+			}
+			fmt.Fprintf(&b, "  %c %s\n", l.op, l.text)
+		case n > 0 && show[n-1]:
+			b.WriteString("    ...\n")
+		}
+	}
+	return b.String()
+}
+
+// indentOf is the indentation of a YAML line, a list item's "- " counted
+// as indentation, so that an item's fields nest in it.
+func indentOf(line string) int {
+	t := strings.TrimLeft(line, " ")
+	n := len(line) - len(t)
+	if strings.HasPrefix(t, "- ") {
+		n += 2
+	}
+	return n
 }

@@ -3,7 +3,6 @@ module github.com/loopvol/loopvol/hack/helm
 go 1.26.7
 
 require (
-	github.com/google/go-cmp v0.7.0
 	helm.sh/helm/v4 v4.3.2
 	sigs.k8s.io/kustomize/api v0.21.2
 	sigs.k8s.io/kustomize/kyaml v0.21.2
