@@ -11,15 +11,18 @@ RUN := $(CURDIR)/_run
 ENVTEST_PKGS := ./internal/harness/testenv/ ./internal/harness/cluster/
 UNIT_PKGS := $(shell $(GO) list ./... | grep -v -e /test/ -e /internal/harness/testenv -e /internal/harness/cluster)
 
-.PHONY: help build tools all-tools run test unit test-fmt test-vet test-logcheck test-go test-unit test-envtest test-sanity test-e2e bench clean
+.PHONY: help build kubectl-plugin tools all-tools run test unit test-fmt test-vet test-logcheck test-go test-unit test-envtest test-sanity test-e2e bench clean
 
 help: ##@ Show this help.
 	@awk 'BEGIN {FS = ":.*##@ "} /^[a-zA-Z0-9_-]+:.*##@ / {printf "  %-19s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
-build: ##@ Build bin/driver and bin/attacher.
+build: kubectl-plugin ##@ Build bin/driver, bin/attacher and bin/kubectl-loopvol.
 	@echo "### build"
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/driver ./cmd/driver
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/attacher ./cmd/attacher
+
+kubectl-plugin: ##@ Build bin/kubectl-loopvol, the kubectl plugin (put it on PATH: kubectl loopvol; docs/kubectl-plugin.md).
+	$(GO) build -ldflags "$(LDFLAGS) -s -w" -o $(BIN)/kubectl-loopvol ./cmd/kubectl-loopvol
 
 tools: ##@ Build bin/kube-apiserver and bin/etcd once (the first build takes ~10-15 minutes; cached after).
 	@echo "### tools"
@@ -212,6 +215,7 @@ demo: static ##@ A real cluster (NODES=1..8, default 1), loopvol deployed with k
 	$(BIN)/images -bin $(STATIC) -tools $(BIN) -out $(IMAGES_OUT) -cache $(IMAGES_CACHE) -repo $(IMAGE_REPO) \
 		-tag $(IMAGE_TAG) -tag dev -created $(IMAGES_CREATED) -images $(DEMO_IMAGES)
 	$(GO) build -o $(BIN)/demo ./hack/demo
+	$(GO) build -ldflags "$(LDFLAGS) -s -w" -o $(BIN)/kubectl-loopvol ./cmd/kubectl-loopvol
 	$(BIN)/demo -repo $(CURDIR) -dir $(CLUSTER_DIR) -bin $(BIN) -images $(IMAGES_OUT) -nodes $(NODES) -overlay $(OVERLAY) $(if $(KEEP),-keep)
 
 # The upstream Kubernetes storage e2e suite (docs/e2e-k8s.md): e2e.test

@@ -6,6 +6,7 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"time"
 
 	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -434,4 +435,56 @@ func (d *doctorRun) checkPools(context.Context) CheckResult {
 		return warning(name, "no node plugin reported a pool", "")
 	}
 	return pass(name, fmt.Sprintf("%d pools %s", pools, statusapi.HealthOK))
+}
+
+// claimsStuckAfter is how long a Pending claim may wait for something
+// other than space before doctor warns: provisioning, binding and a
+// WaitForFirstConsumer claim's scheduling take seconds.
+const claimsStuckAfter = 5 * time.Minute
+
+// checkClaims names the Pending claims of the driver's classes that wait
+// for space (describe's Waiting: line): they fail, as nothing changes
+// until space is freed or the claim asks less. Claims waiting long for
+// anything else warn; a WaitForFirstConsumer claim no Pod uses yet waits
+// as it should.
+func (d *doctorRun) checkClaims(ctx context.Context) CheckResult {
+	const name = "claims"
+	pvcs, err := d.kube.CoreV1().PersistentVolumeClaims(metav1.NamespaceAll).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return fail(name, "list PersistentVolumeClaims: "+err.Error(), "")
+	}
+	var noSpace, stuck []string
+	pending := 0
+	for i := range pvcs.Items {
+		pvc := &pvcs.Items[i]
+		if pvc.Status.Phase != corev1.ClaimPending {
+			continue
+		}
+		if ours, err := d.claimIsOurs(ctx, pvc); err != nil || !ours {
+			continue
+		}
+		pending++
+		p, err := d.claimPath(ctx, pvc, nil)
+		if err != nil {
+			stuck = append(stuck, pvc.Namespace+"/"+pvc.Name+": "+err.Error())
+			continue
+		}
+		switch {
+		case strings.HasPrefix(p.Waiting, waitingForSpace):
+			noSpace = append(noSpace, pvc.Namespace+"/"+pvc.Name+" ("+p.Requested+")")
+		case strings.HasPrefix(p.Waiting, waitingForAPod):
+		case d.now().Sub(pvc.CreationTimestamp.Time) > claimsStuckAfter:
+			stuck = append(stuck, pvc.Namespace+"/"+pvc.Name+" "+p.Waiting)
+		}
+	}
+	switch {
+	case len(noSpace) > 0:
+		return fail(name, "waiting for space: "+listNames(noSpace),
+			"no pool of the claim's topology has that much available (kubectl loopvol status shows each pool's free space):"+
+				" free space, add a pool, or ask less; kubectl loopvol describe pvc NAME -n NAMESPACE says what the claim waits for")
+	case len(stuck) > 0:
+		return warning(name, "waiting for more than "+claimsStuckAfter.String()+": "+listNames(stuck),
+			"kubectl loopvol describe pvc NAME -n NAMESPACE shows the Events on the claim's way")
+	}
+	return pass(name, fmt.Sprintf("no claim waits for space (%d Pending)", pending))
 }

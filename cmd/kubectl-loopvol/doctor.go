@@ -102,6 +102,7 @@ func (e *env) doctor(ctx context.Context) (*DoctorReport, error) {
 		d.checkPluginsWhereUsed,
 		d.checkNodeStatus,
 		d.checkPools,
+		d.checkClaims,
 	} {
 		res := check(ctx)
 		switch res.Result {

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -13,8 +15,9 @@ import (
 )
 
 // healthy makes the fixture pass every check: worker-2's pool is no
-// longer nearly full.
+// longer nearly full, and the claim waiting for space is gone.
 func healthy(f *fixture) {
+	f.remove("PersistentVolumeClaim", "big")
 	p := &f.nodes.status["worker-2"].Pools[0]
 	p.FreeBytes, p.PromisedBytes, p.AvailableBytes, p.Health, p.Message = 150*gib, 40*gib, 150*gib, statusapi.HealthOK, ""
 }
@@ -41,7 +44,7 @@ func TestDoctorGolden(t *testing.T) {
 		code   int
 	}{
 		{name: "doctor-pass", change: healthy, code: 0},
-		{name: "doctor-warn", code: 0},
+		{name: "doctor-warn", code: 0, change: func(f *fixture) { f.remove("PersistentVolumeClaim", "big") }},
 		{name: "doctor-broken", code: 1, change: func(f *fixture) {
 			healthy(f)
 			brokenRegistration(f)
@@ -148,6 +151,24 @@ func TestDoctor(t *testing.T) {
 			},
 			check: "node-status", result: resultFail, hint: "pods/exec"},
 		{name: "a pool nearly full → pools warns", check: "pools", result: resultWarn, hint: "grow the pool"},
+		{name: "a claim waiting for space → claims fails", check: "claims", result: resultFail, hint: "free space, add a pool, or ask less"},
+		{name: "a claim waiting long for a provisioner → claims warns",
+			change: func(f *fixture) {
+				healthy(f)
+				slow := claim("default", "slow", "loopvol", "1Gi", "")
+				slow.CreationTimestamp = metav1.NewTime(testNow.Add(-time.Hour))
+				slow.Annotations = map[string]string{"volume.kubernetes.io/selected-node": "worker-1"}
+				f.add(slow, pod("default", "slow-user", "", corev1.PodPending, "slow"))
+			},
+			check: "claims", result: resultWarn, hint: "describe pvc"},
+		{name: "a WaitForFirstConsumer claim without a Pod → claims passes",
+			change: func(f *fixture) {
+				healthy(f)
+				idle := claim("default", "idle", "loopvol", "1Gi", "")
+				idle.CreationTimestamp = metav1.NewTime(testNow.Add(-time.Hour))
+				f.add(idle)
+			},
+			check: "claims", result: resultPass},
 		{name: "a pool unusable → pools fails",
 			change: func(f *fixture) { f.nodes.status["worker-3"].Pools[0].Health = "PoolUnusable" },
 			check:  "pools", result: resultFail, hint: "unusable"},

@@ -19,6 +19,12 @@ var spaceWords = []string{
 	"no pool has", "no pool can take", "did not have enough free storage",
 }
 
+// How the Waiting: lines that doctor's claims check sorts begin.
+const (
+	waitingForSpace = "for space: "
+	waitingForAPod  = "for a Pod to use it: "
+)
+
 // aboutSpace says whether an Event message says there is no room.
 func aboutSpace(msg string) bool {
 	m := strings.ToLower(msg)
@@ -76,17 +82,17 @@ func waitingForVolume(o *pathObjects, now time.Time) string {
 	failed := lastEvent(o.events, "PersistentVolumeClaim", pvc.Name, "ProvisioningFailed")
 	if failed != nil && aboutSpace(failed.Message) {
 		desc, code := providerMessage(failed.Message)
-		return fmt.Sprintf("for space: %s (ProvisioningFailed%s, %s ago)", desc, code, age(now.Sub(eventTime(failed))))
+		return fmt.Sprintf(waitingForSpace+"%s (ProvisioningFailed%s, %s ago)", desc, code, age(now.Sub(eventTime(failed))))
 	}
 	for _, p := range o.pods {
 		if ev := lastEvent(o.events, "Pod", p.Name, "FailedScheduling"); ev != nil && aboutSpace(ev.Message) {
-			return fmt.Sprintf("for space: no node has the storage Pod %s asks for (FailedScheduling: %s)", p.Name, ev.Message)
+			return fmt.Sprintf(waitingForSpace+"no node has the storage Pod %s asks for (FailedScheduling: %s)", p.Name, ev.Message)
 		}
 	}
 	wffc := o.class != nil && o.class.VolumeBindingMode != nil && *o.class.VolumeBindingMode == storagev1.VolumeBindingWaitForFirstConsumer
 	switch {
 	case wffc && len(o.pods) == 0:
-		return fmt.Sprintf("for a Pod to use it: class %s binds WaitForFirstConsumer, and no Pod uses the claim", o.class.Name)
+		return fmt.Sprintf(waitingForAPod+"class %s binds WaitForFirstConsumer, and no Pod uses the claim", o.class.Name)
 	case wffc && pvc.Annotations["volume.kubernetes.io/selected-node"] == "":
 		if ev := lastEvent(o.events, "Pod", o.pods[0].Name, "FailedScheduling"); ev != nil {
 			return fmt.Sprintf("for the scheduler to place Pod %s: %s", o.pods[0].Name, ev.Message)

@@ -14,6 +14,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"slices"
@@ -332,6 +333,13 @@ func (d *demo) claimToPod(ctx context.Context) error {
 	if _, err := d.capacities(ctx, "after provisioning"); err != nil {
 		return err
 	}
+	// What an operator sees of it, with the kubectl plugin.
+	if err := d.plugin(ctx, "status"); err != nil {
+		return err
+	}
+	if err := d.plugin(ctx, "describe", "pvc", "data", "-n", ns); err != nil {
+		return err
+	}
 
 	w, err := core.Pods(ns).Get(ctx, "writer", metav1.GetOptions{})
 	if err != nil {
@@ -479,6 +487,21 @@ func (d *demo) follow(ctx context.Context, ns, name string, t0 time.Time) error 
 		}
 		return false, nil
 	})
+}
+
+// plugin runs `kubectl loopvol` (bin/kubectl-loopvol, which make demo
+// builds) with the cluster's kubeconfig and prints what it shows.
+func (d *demo) plugin(ctx context.Context, args ...string) error {
+	fmt.Printf("   $ kubectl loopvol %s\n", strings.Join(args, " "))
+	cmd := exec.CommandContext(ctx, filepath.Join(d.o.bin, "kubectl-loopvol"), append([]string{"--kubeconfig", d.c.Kubeconfig}, args...)...)
+	out, err := cmd.CombinedOutput()
+	for _, line := range strings.Split(strings.TrimRight(string(out), "\n"), "\n") {
+		fmt.Println("   " + line)
+	}
+	if err != nil {
+		return fmt.Errorf("kubectl loopvol %s: %w", strings.Join(args, " "), err)
+	}
+	return nil
 }
 
 // cordon marks the node unschedulable (kubectl cordon), or schedulable

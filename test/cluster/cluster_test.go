@@ -71,6 +71,8 @@ func TestCluster(t *testing.T) {
 	t.Run("BulkProvisioning", func(t *testing.T) { testBulkProvisioning(t, c) })
 	t.Run("VolumeAttributesClass", func(t *testing.T) { testVolumeAttributesClass(t, c) })
 	t.Run("Snapshots", func(t *testing.T) { testSnapshots(t, c) })
+	// It restarts the node plugin (a registration broken on purpose).
+	t.Run("KubectlPlugin", func(t *testing.T) { testKubectlPlugin(t, c) })
 	// Before RBAC: upstream's attacher's log is searched for "forbidden" too.
 	t.Run("Switching", func(t *testing.T) { testSwitching(t, c) })
 	// After the others: their logs are searched for "forbidden".

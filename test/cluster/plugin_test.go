@@ -1,0 +1,311 @@
+package cluster
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/loopvol/loopvol/internal/harness/cluster"
+	"github.com/loopvol/loopvol/internal/harness/testenv"
+	"github.com/loopvol/loopvol/pkg/loop"
+)
+
+// plugin runs the kubectl plugin against a cluster, as a user would, with
+// the cluster's admin kubeconfig.
+type plugin struct {
+	t   *testing.T
+	bin string
+	c   *cluster.Cluster
+}
+
+// newPlugin builds cmd/kubectl-loopvol from this tree into the test's
+// directory.
+func newPlugin(t *testing.T, c *cluster.Cluster) *plugin {
+	t.Helper()
+	root, err := testenv.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(t.TempDir(), "kubectl-loopvol")
+	cmd := exec.Command("go", "build", "-o", bin, "./cmd/kubectl-loopvol")
+	cmd.Dir = root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build ./cmd/kubectl-loopvol: %v\n%s", err, out)
+	}
+	return &plugin{t: t, bin: bin, c: c}
+}
+
+// run runs the plugin and returns its standard output and exit code; its
+// standard error goes to the test's log.
+func (p *plugin) run(args ...string) (string, int) {
+	p.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, p.bin, append([]string{"--kubeconfig", p.c.Kubeconfig}, args...)...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	var exit *exec.ExitError
+	code := 0
+	switch {
+	case errors.As(err, &exit):
+		code = exit.ExitCode()
+	case err != nil:
+		p.t.Fatalf("kubectl-loopvol %s: %v", strings.Join(args, " "), err)
+	}
+	if stderr.Len() > 0 {
+		p.t.Logf("kubectl-loopvol %s (exit %d), stderr:\n%s", strings.Join(args, " "), code, stderr.String())
+	}
+	return stdout.String(), code
+}
+
+// json runs the plugin with -o json and decodes its output into v; the
+// command must succeed.
+func (p *plugin) json(v any, args ...string) {
+	p.t.Helper()
+	out, code := p.run(append(args, "-o", "json")...)
+	if code != 0 {
+		p.t.Fatalf("kubectl-loopvol %s -o json exited %d:\n%s", strings.Join(args, " "), code, out)
+	}
+	if err := json.Unmarshal([]byte(out), v); err != nil {
+		p.t.Fatalf("kubectl-loopvol %s -o json: %v\n%s", strings.Join(args, " "), err, out)
+	}
+}
+
+// table runs the plugin for its table, checks that every line fits 100
+// columns and carries no colour (its output is no terminal), and returns
+// it with the exit code.
+func (p *plugin) table(args ...string) (string, int) {
+	p.t.Helper()
+	out, code := p.run(args...)
+	for _, line := range strings.Split(out, "\n") {
+		if len([]rune(line)) > 100 {
+			p.t.Errorf("kubectl-loopvol %s: a line of %d columns: %q", strings.Join(args, " "), len([]rune(line)), line)
+		}
+	}
+	if strings.Contains(out, "\x1b[") {
+		p.t.Errorf("kubectl-loopvol %s: colour on a pipe:\n%s", strings.Join(args, " "), out)
+	}
+	p.t.Logf("kubectl-loopvol %s (exit %d):\n%s", strings.Join(args, " "), code, out)
+	return out, code
+}
+
+// testKubectlPlugin: kubectl loopvol against the real cluster. status names
+// the node, its registration and its pool as the node plugin reports it
+// (read through pods/exec); volumes and describe follow a claim to its
+// node, loop device and mounts; a claim larger than any pool is named as
+// waiting for space by describe and by doctor; a registration broken on
+// purpose (its socket removed, which kubelet takes as the plugin gone)
+// fails doctor, which passes once the node plugin is restarted.
+func testKubectlPlugin(t *testing.T, c *cluster.Cluster) {
+	ctx := context.Background()
+	p := newPlugin(t, c)
+	ns := namespace(t, c, "plugin")
+	create(ctx, t, c, cluster.Claim(ns, "data", "loopvol", "64Mi"), cluster.VolumePod(ns, "user", "data", "echo ready && busybox sleep 1000000 & wait"))
+	user, err := c.PodPhase(ctx, ns, "user", corev1.PodRunning, 3*time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pvName, image := imageOf(ctx, t, c, ns, "data")
+	dev, ok, err := loop.New().Find(image)
+	if err != nil || !ok {
+		t.Fatalf("the loop device of %s: found %t, %v", image, ok, err)
+	}
+	node := user.Spec.NodeName
+
+	var status struct {
+		Nodes []struct {
+			Name        string `json:"name"`
+			PluginReady bool   `json:"pluginReady"`
+			Registered  bool   `json:"registered"`
+			Volumes     int    `json:"volumes"`
+			Error       string `json:"error"`
+			Pools       []struct {
+				Name       string `json:"name"`
+				Path       string `json:"path"`
+				Volumes    int    `json:"volumes"`
+				TotalBytes int64  `json:"totalBytes"`
+				Health     string `json:"health"`
+			} `json:"pools"`
+		} `json:"nodes"`
+		Controllers []struct {
+			Name   string `json:"name"`
+			Found  bool   `json:"found"`
+			Holder string `json:"holder"`
+		} `json:"controllers"`
+		Webhook struct {
+			Found          bool `json:"found"`
+			ReadyEndpoints int  `json:"readyEndpoints"`
+			CABundle       bool `json:"caBundle"`
+		} `json:"webhook"`
+		Policies []struct {
+			Name  string `json:"name"`
+			Bound bool   `json:"bound"`
+		} `json:"policies"`
+	}
+	p.json(&status, "status")
+	if len(status.Nodes) != 1 {
+		t.Fatalf("status: nodes %+v, want %s", status.Nodes, node)
+	}
+	n := status.Nodes[0]
+	if n.Name != node || !n.PluginReady || !n.Registered || n.Error != "" || n.Volumes < 1 {
+		t.Errorf("status of node %s = %+v, want its plugin ready and registered, its status read, the claim's volume staged", node, n)
+	}
+	pools := map[string]bool{}
+	for _, pl := range n.Pools {
+		pools[pl.Name] = true
+		if pl.Name == "default" && (pl.Volumes < 1 || pl.TotalBytes == 0 || pl.Health != "ok") {
+			t.Errorf("status: pool default = %+v, want the claim's volume counted and healthy", pl)
+		}
+	}
+	if !pools["default"] {
+		t.Errorf("status: pools %+v, want default among them", n.Pools)
+	}
+	for _, ctrl := range status.Controllers {
+		if ctrl.Name == "attach" && (!ctrl.Found || ctrl.Holder == "") {
+			t.Errorf("status: the attach controller %+v, want its Lease held", ctrl)
+		}
+	}
+	if !status.Webhook.Found || status.Webhook.ReadyEndpoints == 0 || !status.Webhook.CABundle {
+		t.Errorf("status: webhook %+v, want it found, served and with its caBundle", status.Webhook)
+	}
+	if len(status.Policies) == 0 {
+		t.Error("status: no admission policy")
+	}
+	for _, pol := range status.Policies {
+		if !pol.Bound {
+			t.Errorf("status: policy %s not bound", pol.Name)
+		}
+	}
+	if out, code := p.table("status"); code != 0 || !strings.Contains(out, node) || !strings.Contains(out, "default") {
+		t.Errorf("status table (exit %d) lacks node %s or pool default", code, node)
+	}
+
+	var vols struct {
+		Volumes []struct {
+			Namespace   string   `json:"namespace"`
+			Claim       string   `json:"claim"`
+			PV          string   `json:"pv"`
+			Pool        string   `json:"pool"`
+			Node        string   `json:"node"`
+			StagedOn    string   `json:"stagedOn"`
+			TargetPaths []string `json:"targetPaths"`
+			Health      string   `json:"health"`
+		} `json:"volumes"`
+	}
+	p.json(&vols, "volumes", "-A")
+	found := false
+	for _, v := range vols.Volumes {
+		if v.PV != pvName {
+			continue
+		}
+		found = true
+		if v.Namespace != ns || v.Claim != "data" || v.Pool != "default" || v.Node != node || v.StagedOn != node || len(v.TargetPaths) != 1 || v.Health != "ok" {
+			t.Errorf("volumes: %+v, want claim %s/data in pool default attached to, staged and published once on %s, healthy", v, ns, node)
+		}
+	}
+	if !found {
+		t.Errorf("volumes -A: no row of %s in %+v", pvName, vols.Volumes)
+	}
+	if out, _ := p.table("volumes", "-n", ns); !strings.Contains(out, pvName) {
+		t.Errorf("volumes -n %s lacks %s", ns, pvName)
+	}
+	out, code := p.table("describe", "pvc", "data", "-n", ns)
+	for _, want := range []string{pvName, dev, node, filepath.Base(image)} {
+		if !strings.Contains(out, want) {
+			t.Errorf("describe pvc data (exit %d) lacks %q", code, want)
+		}
+	}
+	if strings.Contains(out, "Waiting:") {
+		t.Errorf("describe pvc data says it waits, of a claim in use")
+	}
+
+	// A claim no pool can hold, for a Pod: the scheduler finds no node with
+	// room (CSIStorageCapacity), the claim stays Pending.
+	create(ctx, t, c, cluster.Claim(ns, "huge", "loopvol", "64Ti"), cluster.VolumePod(ns, "waiter", "huge", "busybox sleep 1000000"))
+	if err := c.Wait(ctx, "the scheduler to turn the waiter down", 2*time.Minute, func(ctx context.Context) (bool, error) {
+		ev, err := c.Client.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=waiter,reason=FailedScheduling"})
+		return err == nil && len(ev.Items) > 0, err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	out, _ = p.table("describe", "pvc", "huge", "-n", ns)
+	if !strings.Contains(out, "Waiting:") || !strings.Contains(strings.ToLower(out), "space") {
+		t.Errorf("describe pvc huge does not say the claim waits for space")
+	}
+	out, code = p.table("doctor")
+	if code != 1 || !strings.Contains(out, ns+"/huge") {
+		t.Errorf("doctor with a claim waiting for space: exit %d, want 1 and the claim %s/huge named", code, ns)
+	}
+	if err := c.Client.CoreV1().Pods(ns).Delete(ctx, "waiter", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Client.CoreV1().PersistentVolumeClaims(ns).Delete(ctx, "huge", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	// The registration broken: kubelet sees its socket go and drops the
+	// driver from the node's CSINode.
+	reg := filepath.Join(c.KubeletDir, "plugins_registry", cluster.DriverName+"-reg.sock")
+	if err := os.Remove(reg); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Wait(ctx, "kubelet to drop the driver from CSINode "+node, 2*time.Minute, func(ctx context.Context) (bool, error) {
+		cn, err := c.Client.StorageV1().CSINodes().Get(ctx, node, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		for _, d := range cn.Spec.Drivers {
+			if d.Name == cluster.DriverName {
+				return false, nil
+			}
+		}
+		return true, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	out, code = p.table("doctor")
+	if code != 1 || !strings.Contains(out, node) || !strings.Contains(strings.ToLower(out), "regist") {
+		t.Errorf("doctor with node %s's registration broken: exit %d, want 1 and the node named", node, code)
+	}
+	// What doctor says to do: restart the node plugin.
+	old, err := nodePod(ctx, c)
+	if err != nil || old == nil {
+		t.Fatalf("no running node plugin pod: %v", err)
+	}
+	if err := c.Client.CoreV1().Pods(cluster.Namespace).Delete(ctx, old.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Wait(ctx, "the driver registered again on "+node, 3*time.Minute, func(ctx context.Context) (bool, error) {
+		pod, err := nodePod(ctx, c)
+		if err != nil || pod == nil || pod.UID == old.UID {
+			return false, err
+		}
+		cn, err := c.Client.StorageV1().CSINodes().Get(ctx, node, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		for _, d := range cn.Spec.Drivers {
+			if d.Name == cluster.DriverName {
+				return true, nil
+			}
+		}
+		return false, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if out, code := p.table("doctor"); code != 0 {
+		t.Errorf("doctor on a healthy cluster: exit %d, want 0:\n%s", code, out)
+	}
+	deleteNamespace(ctx, t, c, ns)
+}
