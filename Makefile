@@ -49,7 +49,7 @@ run: build ##@ Start the driver (all services) on pool ./_run/pool, socket ./_ru
 # (the real cluster, in a network namespace of its own; it mostly waits on
 # kubelet and the pods), then test-e2e-k8s. A background part's log is
 # printed when it ends (bin/tools.log, bin/envtest-e2e.log).
-TEST_NO_TOOLS := test-fmt test-vet test-logcheck test-unit test-sanity test-monitoring
+TEST_NO_TOOLS := test-fmt test-vet test-logcheck test-unit test-sanity test-monitoring test-helm
 TEST_BESIDE_CLUSTER := test-envtest test-e2e
 
 test: ##@ Run every check and test (root: real loop devices, mounts and the real cluster); the tools build meanwhile (log: bin/tools.log).
