@@ -13,6 +13,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/loopvol/loopvol/internal/harness/cluster"
@@ -230,11 +231,29 @@ func testKubectlPlugin(t *testing.T, c *cluster.Cluster) {
 		t.Errorf("describe pvc data says it waits, of a claim in use")
 	}
 
-	// A claim no pool can hold, for a Pod: the scheduler finds no node with
-	// room (CSIStorageCapacity), the claim stays Pending.
-	create(ctx, t, c, cluster.Claim(ns, "huge", "loopvol", "64Ti"), cluster.VolumePod(ns, "waiter", "huge", "busybox sleep 1000000"))
-	if err := c.Wait(ctx, "the scheduler to turn the waiter down", 2*time.Minute, func(ctx context.Context) (bool, error) {
-		ev, err := c.Client.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=waiter,reason=FailedScheduling"})
+	// A claim no pool can hold. It is made before its class, so that the
+	// webhook (which refuses a claim larger than any pool of its class)
+	// lets it through, as it does a claim made before the class's capacity
+	// is published; the driver then refuses the volume (RESOURCE_EXHAUSTED).
+	create(ctx, t, c, cluster.Claim(ns, "huge", "loopvol-huge", "64Ti"), nil)
+	sc, err := c.Client.StorageV1().StorageClasses().Get(ctx, "loopvol", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	immediate := storagev1.VolumeBindingImmediate
+	huge := &storagev1.StorageClass{
+		ObjectMeta:  metav1.ObjectMeta{Name: "loopvol-huge"},
+		Provisioner: sc.Provisioner, Parameters: sc.Parameters, ReclaimPolicy: sc.ReclaimPolicy,
+		VolumeBindingMode: &immediate,
+	}
+	if _, err := c.Client.StorageV1().StorageClasses().Create(ctx, huge, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = c.Client.StorageV1().StorageClasses().Delete(context.Background(), huge.Name, metav1.DeleteOptions{})
+	})
+	if err := c.Wait(ctx, "the driver to refuse the huge claim's volume", 2*time.Minute, func(ctx context.Context) (bool, error) {
+		ev, err := c.Client.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=huge,reason=ProvisioningFailed"})
 		return err == nil && len(ev.Items) > 0, err
 	}); err != nil {
 		t.Fatal(err)
@@ -247,10 +266,10 @@ func testKubectlPlugin(t *testing.T, c *cluster.Cluster) {
 	if code != 1 || !strings.Contains(out, ns+"/huge") {
 		t.Errorf("doctor with a claim waiting for space: exit %d, want 1 and the claim %s/huge named", code, ns)
 	}
-	if err := c.Client.CoreV1().Pods(ns).Delete(ctx, "waiter", metav1.DeleteOptions{}); err != nil {
+	if err := c.Client.CoreV1().PersistentVolumeClaims(ns).Delete(ctx, "huge", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.Client.CoreV1().PersistentVolumeClaims(ns).Delete(ctx, "huge", metav1.DeleteOptions{}); err != nil {
+	if err := c.Client.StorageV1().StorageClasses().Delete(ctx, huge.Name, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 
