@@ -114,6 +114,7 @@ func newFixture(t *testing.T) *fixture {
 		},
 		Volumes: []statusapi.VolumeStatus{{
 			VolumeID: webHandle, Pool: "default", Image: "/var/lib/loopvol/pools/default/volumes/3f9a1c2e8b7d4f60a1b2c3d4e5f60718.img",
+			SizeBytes: 10 * gib, AllocatedBytes: 10 * gib,
 			Staged: testNow.Add(-2 * time.Hour), FsType: "ext4", Attached: true, Device: "/dev/loop3",
 			StagingPath: stagingWeb, TargetPaths: []string{targetWeb}, MountOptions: []string{"noatime"}, Health: statusapi.HealthOK,
 		}},
@@ -139,6 +140,7 @@ func newFixture(t *testing.T) *fixture {
 		},
 		Volumes: []statusapi.VolumeStatus{{
 			VolumeID: dbHandle, Pool: "shared", Image: "/var/lib/loopvol/pools/shared/volumes/0a1b2c3d4e5f60718293a4b5c6d7e8f9.img",
+			SizeBytes: 20 * gib, AllocatedBytes: 3 * gib,
 			Staged: testNow.Add(-20 * time.Hour), FsType: "xfs", Attached: true, Device: "/dev/loop0",
 			StagingPath: "/var/lib/kubelet/plugins/kubernetes.io/csi/loopvol.csi.io/77ab/globalmount",
 			Health:      "VolumeFilesystemErrors", Conditions: []statusapi.Condition{{Reason: "VolumeFilesystemErrors", Message: "xfs reported 2 errors"}},

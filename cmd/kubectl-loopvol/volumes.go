@@ -55,6 +55,9 @@ type VolumeReport struct {
 	VolumeID      string `json:"volumeID"`
 	Pool          string `json:"pool,omitempty"`
 	CapacityBytes int64  `json:"capacityBytes"`
+	// AllocatedBytes is what the volume's image holds on its pool now, as
+	// the node that has it staged reports it (0 when none does).
+	AllocatedBytes int64 `json:"allocatedBytes,omitempty"`
 	// Node is the node a VolumeAttachment says it is attached to.
 	Node string `json:"node,omitempty"`
 	// StagedOn is the node whose plugin has it staged; TargetPaths are its
@@ -111,7 +114,7 @@ func volumeReport(pv *corev1.PersistentVolume, vas []*storagev1.VolumeAttachment
 		r.CapacityBytes = q.Value()
 	}
 	if n, v := c.volume(handle); v != nil {
-		r.TargetPaths, r.Health = v.TargetPaths, v.Health
+		r.TargetPaths, r.Health, r.AllocatedBytes = v.TargetPaths, v.Health, v.AllocatedBytes
 		if !v.Staged.IsZero() {
 			r.StagedOn = n.name
 		}
@@ -131,7 +134,7 @@ func (r *VolumesReport) write(e *env, all bool) {
 		}
 		return
 	}
-	t := &table{header: []string{"CLAIM", "PV", "VOLUME", "SIZE", "NODE", "MOUNTS", "HEALTH", "SNAP"}}
+	t := &table{header: []string{"CLAIM", "PV", "VOLUME", "SIZE", "ALLOC", "NODE", "MOUNTS", "HEALTH", "SNAP"}}
 	for _, v := range r.Volumes {
 		claim := v.Claim
 		if all && v.Claim != "" {
@@ -145,7 +148,7 @@ func (r *VolumesReport) write(e *env, all bool) {
 		default:
 			mounts = strconv.Itoa(len(v.TargetPaths)) + pick(len(v.TargetPaths) == 1, " pod", " pods")
 		}
-		health := cell{text: orDash(v.Health), tone: pick(v.Health == "ok", good, bad), limit: 17}
+		health := cell{text: orDash(v.Health), tone: pick(v.Health == "ok", good, bad), limit: 13}
 		if v.Health == "" {
 			health.tone = plain
 		}
@@ -153,7 +156,11 @@ func (r *VolumesReport) write(e *env, all bool) {
 		if v.Snapshots != nil {
 			snaps = strconv.Itoa(len(v.Snapshots))
 		}
-		t.add(cut(orDash(claim), 20), cut(v.PV, 13), cut(v.VolumeID, 15), c(bytesIEC(v.CapacityBytes)),
+		alloc := "-"
+		if v.AllocatedBytes > 0 {
+			alloc = bytesIEC(v.AllocatedBytes)
+		}
+		t.add(cut(orDash(claim), 18), cut(v.PV, 12), cut(v.VolumeID, 14), c(bytesIEC(v.CapacityBytes)), c(alloc),
 			cut(orDash(v.Node), 10), c(mounts), health, c(snaps))
 	}
 	t.write(e.out, e.color)

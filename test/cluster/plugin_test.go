@@ -218,8 +218,8 @@ func testKubectlPlugin(t *testing.T, c *cluster.Cluster) {
 	if !found {
 		t.Errorf("volumes -A: no row of %s in %+v", pvName, vols.Volumes)
 	}
-	if out, _ := p.table("volumes", "-n", ns); !strings.Contains(out, pvName) {
-		t.Errorf("volumes -n %s lacks %s", ns, pvName)
+	if out, _ := p.table("volumes", "-n", ns); !strings.Contains(out, "data ") || !strings.Contains(out, node) {
+		t.Errorf("volumes -n %s lacks the claim data on node %s", ns, node)
 	}
 	out, code := p.table("describe", "pvc", "data", "-n", ns)
 	for _, want := range []string{pvName, dev, node, filepath.Base(image)} {
