@@ -169,7 +169,13 @@ func (n *node) volumeMounts(dev string, block bool, mounts []mountEntry) (stagin
 			continue
 		}
 		if !block && staging == "" && !strings.HasPrefix(e.path, pods) {
-			staging, opts = e.path, slices.Clone(e.opts)
+			staging = e.path
+			// The mount's options, then the filesystem's: "rw" may be in both.
+			for _, o := range e.opts {
+				if !slices.Contains(opts, o) {
+					opts = append(opts, o)
+				}
+			}
 			continue
 		}
 		targets = append(targets, e.path)

@@ -85,12 +85,14 @@ func (p *plugin) json(v any, args ...string) {
 
 // table runs the plugin for its table, checks that every line fits 100
 // columns and carries no colour (its output is no terminal), and returns
-// it with the exit code.
+// it with the exit code. describe prints paths whole, to be copied, and
+// what a claim waits for on one line: those lines may be longer.
 func (p *plugin) table(args ...string) (string, int) {
 	p.t.Helper()
 	out, code := p.run(args...)
 	for _, line := range strings.Split(out, "\n") {
-		if len([]rune(line)) > 100 {
+		whole := strings.HasPrefix(line, "Waiting:") || strings.Contains(line, "  /")
+		if len([]rune(line)) > 100 && !whole {
 			p.t.Errorf("kubectl-loopvol %s: a line of %d columns: %q", strings.Join(args, " "), len([]rune(line)), line)
 		}
 	}
@@ -231,20 +233,20 @@ func testKubectlPlugin(t *testing.T, c *cluster.Cluster) {
 		t.Errorf("describe pvc data says it waits, of a claim in use")
 	}
 
-	// A claim no pool can hold. It is made before its class, so that the
-	// webhook (which refuses a claim larger than any pool of its class)
-	// lets it through, as it does a claim made before the class's capacity
-	// is published; the driver then refuses the volume (RESOURCE_EXHAUSTED).
+	// A claim no pool can hold, for a Pod. It is made before its class, so
+	// that the webhook (which refuses a claim larger than any pool of its
+	// class) lets it through, as it does a claim made before the class's
+	// capacity is published; the scheduler then finds no node with the
+	// room (CSIStorageCapacity) and the claim stays Pending.
 	create(ctx, t, c, cluster.Claim(ns, "huge", "loopvol-huge", "64Ti"), nil)
 	sc, err := c.Client.StorageV1().StorageClasses().Get(ctx, "loopvol", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	immediate := storagev1.VolumeBindingImmediate
 	huge := &storagev1.StorageClass{
 		ObjectMeta:  metav1.ObjectMeta{Name: "loopvol-huge"},
 		Provisioner: sc.Provisioner, Parameters: sc.Parameters, ReclaimPolicy: sc.ReclaimPolicy,
-		VolumeBindingMode: &immediate,
+		VolumeBindingMode: sc.VolumeBindingMode,
 	}
 	if _, err := c.Client.StorageV1().StorageClasses().Create(ctx, huge, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -252,9 +254,18 @@ func testKubectlPlugin(t *testing.T, c *cluster.Cluster) {
 	t.Cleanup(func() {
 		_ = c.Client.StorageV1().StorageClasses().Delete(context.Background(), huge.Name, metav1.DeleteOptions{})
 	})
-	if err := c.Wait(ctx, "the driver to refuse the huge claim's volume", 2*time.Minute, func(ctx context.Context) (bool, error) {
-		ev, err := c.Client.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=huge,reason=ProvisioningFailed"})
-		return err == nil && len(ev.Items) > 0, err
+	create(ctx, t, c, nil, cluster.VolumePod(ns, "waiter", "huge", "busybox sleep 1000000"))
+	if err := c.Wait(ctx, "the scheduler to find no room for the waiter's claim", 2*time.Minute, func(ctx context.Context) (bool, error) {
+		ev, err := c.Client.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=waiter,reason=FailedScheduling"})
+		if err != nil {
+			return false, err
+		}
+		for _, e := range ev.Items {
+			if strings.Contains(e.Message, "did not have enough free storage") {
+				return true, nil
+			}
+		}
+		return false, nil
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -265,6 +276,9 @@ func testKubectlPlugin(t *testing.T, c *cluster.Cluster) {
 	out, code = p.table("doctor")
 	if code != 1 || !strings.Contains(out, ns+"/huge") {
 		t.Errorf("doctor with a claim waiting for space: exit %d, want 1 and the claim %s/huge named", code, ns)
+	}
+	if err := c.Client.CoreV1().Pods(ns).Delete(ctx, "waiter", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
 	}
 	if err := c.Client.CoreV1().PersistentVolumeClaims(ns).Delete(ctx, "huge", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
