@@ -1,12 +1,8 @@
 package cluster
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
-	"errors"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -17,91 +13,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/loopvol/loopvol/internal/harness/cluster"
-	"github.com/loopvol/loopvol/internal/harness/testenv"
+	"github.com/loopvol/loopvol/internal/harness/cluster/clustertest"
 	"github.com/loopvol/loopvol/pkg/loop"
 )
-
-// plugin runs the kubectl plugin against a cluster, as a user would, with
-// the cluster's admin kubeconfig.
-type plugin struct {
-	t   *testing.T
-	bin string
-	c   *cluster.Cluster
-}
-
-// newPlugin builds cmd/kubectl-loopvol from this tree into the test's
-// directory.
-func newPlugin(t *testing.T, c *cluster.Cluster) *plugin {
-	t.Helper()
-	root, err := testenv.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	bin := filepath.Join(t.TempDir(), "kubectl-loopvol")
-	cmd := exec.Command("go", "build", "-o", bin, "./cmd/kubectl-loopvol")
-	cmd.Dir = root
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build ./cmd/kubectl-loopvol: %v\n%s", err, out)
-	}
-	return &plugin{t: t, bin: bin, c: c}
-}
-
-// run runs the plugin and returns its standard output and exit code; its
-// standard error goes to the test's log.
-func (p *plugin) run(args ...string) (string, int) {
-	p.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, p.bin, append([]string{"--kubeconfig", p.c.Kubeconfig}, args...)...)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	err := cmd.Run()
-	var exit *exec.ExitError
-	code := 0
-	switch {
-	case errors.As(err, &exit):
-		code = exit.ExitCode()
-	case err != nil:
-		p.t.Fatalf("kubectl-loopvol %s: %v", strings.Join(args, " "), err)
-	}
-	if stderr.Len() > 0 {
-		p.t.Logf("kubectl-loopvol %s (exit %d), stderr:\n%s", strings.Join(args, " "), code, stderr.String())
-	}
-	return stdout.String(), code
-}
-
-// json runs the plugin with -o json and decodes its output into v; the
-// command must succeed.
-func (p *plugin) json(v any, args ...string) {
-	p.t.Helper()
-	out, code := p.run(append(args, "-o", "json")...)
-	if code != 0 {
-		p.t.Fatalf("kubectl-loopvol %s -o json exited %d:\n%s", strings.Join(args, " "), code, out)
-	}
-	if err := json.Unmarshal([]byte(out), v); err != nil {
-		p.t.Fatalf("kubectl-loopvol %s -o json: %v\n%s", strings.Join(args, " "), err, out)
-	}
-}
-
-// table runs the plugin for its table, checks that every line fits 100
-// columns and carries no colour (its output is no terminal), and returns
-// it with the exit code. describe prints paths whole, to be copied, and
-// what a claim waits for on one line: those lines may be longer.
-func (p *plugin) table(args ...string) (string, int) {
-	p.t.Helper()
-	out, code := p.run(args...)
-	for _, line := range strings.Split(out, "\n") {
-		whole := strings.HasPrefix(line, "Waiting:") || strings.Contains(line, "  /")
-		if len([]rune(line)) > 100 && !whole {
-			p.t.Errorf("kubectl-loopvol %s: a line of %d columns: %q", strings.Join(args, " "), len([]rune(line)), line)
-		}
-	}
-	if strings.Contains(out, "\x1b[") {
-		p.t.Errorf("kubectl-loopvol %s: colour on a pipe:\n%s", strings.Join(args, " "), out)
-	}
-	p.t.Logf("kubectl-loopvol %s (exit %d):\n%s", strings.Join(args, " "), code, out)
-	return out, code
-}
 
 // testKubectlPlugin: kubectl loopvol against the real cluster. status names
 // the node, its registration and its pool as the node plugin reports it
@@ -112,7 +26,7 @@ func (p *plugin) table(args ...string) (string, int) {
 // fails doctor, which passes once the node plugin is restarted.
 func testKubectlPlugin(t *testing.T, c *cluster.Cluster) {
 	ctx := context.Background()
-	p := newPlugin(t, c)
+	p := clustertest.NewPlugin(t, c)
 	ns := namespace(t, c, "plugin")
 	create(ctx, t, c, cluster.Claim(ns, "data", "loopvol", "64Mi"), cluster.VolumePod(ns, "user", "data", "echo ready && busybox sleep 1000000 & wait"))
 	user, err := c.PodPhase(ctx, ns, "user", corev1.PodRunning, 3*time.Minute)
@@ -156,7 +70,7 @@ func testKubectlPlugin(t *testing.T, c *cluster.Cluster) {
 			Bound bool   `json:"bound"`
 		} `json:"policies"`
 	}
-	p.json(&status, "status")
+	p.JSON(&status, "status")
 	if len(status.Nodes) != 1 {
 		t.Fatalf("status: nodes %+v, want %s", status.Nodes, node)
 	}
@@ -190,7 +104,7 @@ func testKubectlPlugin(t *testing.T, c *cluster.Cluster) {
 			t.Errorf("status: policy %s not bound", pol.Name)
 		}
 	}
-	if out, code := p.table("status"); code != 0 || !strings.Contains(out, node) || !strings.Contains(out, "default") {
+	if out, code := p.Table("status"); code != 0 || !strings.Contains(out, node) || !strings.Contains(out, "default") {
 		t.Errorf("status table (exit %d) lacks node %s or pool default", code, node)
 	}
 
@@ -206,7 +120,7 @@ func testKubectlPlugin(t *testing.T, c *cluster.Cluster) {
 			Health      string   `json:"health"`
 		} `json:"volumes"`
 	}
-	p.json(&vols, "volumes", "-A")
+	p.JSON(&vols, "volumes", "-A")
 	found := false
 	for _, v := range vols.Volumes {
 		if v.PV != pvName {
@@ -220,10 +134,10 @@ func testKubectlPlugin(t *testing.T, c *cluster.Cluster) {
 	if !found {
 		t.Errorf("volumes -A: no row of %s in %+v", pvName, vols.Volumes)
 	}
-	if out, _ := p.table("volumes", "-n", ns); !strings.Contains(out, "data ") || !strings.Contains(out, node) {
+	if out, _ := p.Table("volumes", "-n", ns); !strings.Contains(out, "data ") || !strings.Contains(out, node) {
 		t.Errorf("volumes -n %s lacks the claim data on node %s", ns, node)
 	}
-	out, code := p.table("describe", "pvc", "data", "-n", ns)
+	out, code := p.Table("describe", "pvc", "data", "-n", ns)
 	for _, want := range []string{pvName, dev, node, filepath.Base(image)} {
 		if !strings.Contains(out, want) {
 			t.Errorf("describe pvc data (exit %d) lacks %q", code, want)
@@ -269,11 +183,11 @@ func testKubectlPlugin(t *testing.T, c *cluster.Cluster) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	out, _ = p.table("describe", "pvc", "huge", "-n", ns)
+	out, _ = p.Table("describe", "pvc", "huge", "-n", ns)
 	if !strings.Contains(out, "Waiting:") || !strings.Contains(strings.ToLower(out), "space") {
 		t.Errorf("describe pvc huge does not say the claim waits for space")
 	}
-	out, code = p.table("doctor")
+	out, code = p.Table("doctor")
 	if code != 1 || !strings.Contains(out, ns+"/huge") {
 		t.Errorf("doctor with a claim waiting for space: exit %d, want 1 and the claim %s/huge named", code, ns)
 	}
@@ -307,7 +221,7 @@ func testKubectlPlugin(t *testing.T, c *cluster.Cluster) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	out, code = p.table("doctor")
+	out, code = p.Table("doctor")
 	if code != 1 || !strings.Contains(out, node) || !strings.Contains(strings.ToLower(out), "regist") {
 		t.Errorf("doctor with node %s's registration broken: exit %d, want 1 and the node named", node, code)
 	}
@@ -337,7 +251,7 @@ func testKubectlPlugin(t *testing.T, c *cluster.Cluster) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if out, code := p.table("doctor"); code != 0 {
+	if out, code := p.Table("doctor"); code != 0 {
 		t.Errorf("doctor on a healthy cluster: exit %d, want 0:\n%s", code, out)
 	}
 	deleteNamespace(ctx, t, c, ns)

@@ -30,6 +30,7 @@ import (
 func TestSharedPool(t *testing.T) {
 	c, _ := up(t, false, "local")
 	t.Run("PodNetwork", func(t *testing.T) { testPodNetwork(t, c) })
+	t.Run("KubectlPlugin", func(t *testing.T) { testKubectlPlugin(t, c) })
 	t.Run("Move", func(t *testing.T) { testMove(t, c) })
 	t.Run("Fencing", func(t *testing.T) { testFencing(t, c) })
 	t.Run("MultiAttach", func(t *testing.T) { testMultiAttach(t, c) })
