@@ -11,7 +11,7 @@ RUN := $(CURDIR)/_run
 ENVTEST_PKGS := ./internal/harness/testenv/ ./internal/harness/cluster/
 UNIT_PKGS := $(shell $(GO) list ./... | grep -v -e /test/ -e /internal/harness/testenv -e /internal/harness/cluster)
 
-.PHONY: help build kubectl-plugin tools all-tools run test unit test-fmt test-vet test-logcheck test-go test-unit test-envtest test-sanity test-e2e bench clean
+.PHONY: help build kubectl-plugin test-krew tools all-tools run test unit test-fmt test-vet test-logcheck test-go test-unit test-envtest test-sanity test-e2e bench clean
 
 help: ##@ Show this help.
 	@awk 'BEGIN {FS = ":.*##@ "} /^[a-zA-Z0-9_-]+:.*##@ / {printf "  %-19s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -20,6 +20,15 @@ build: kubectl-plugin ##@ Build bin/driver, bin/attacher and bin/kubectl-loopvol
 	@echo "### build"
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/driver ./cmd/driver
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/attacher ./cmd/attacher
+
+# krew itself, for test-krew: the version whose manifest format
+# deploy/krew/loopvol.yaml is written in.
+KREW_VERSION := v0.4.3
+
+test-krew: kubectl-plugin ##@ Install bin/kubectl-loopvol with krew from deploy/krew/loopvol.yaml and its release archive (_output/krew) into a krew root of its own, and run it.
+	@echo "### test-krew"
+	@[ -x $(BIN)/krew ] || GOBIN=$(BIN) $(GO) install sigs.k8s.io/krew/cmd/krew@$(KREW_VERSION)
+	hack/krew/install-test.sh $(BIN) $(CURDIR)/_output/krew
 
 kubectl-plugin: ##@ Build bin/kubectl-loopvol, the kubectl plugin (put it on PATH: kubectl loopvol; docs/kubectl-plugin.md).
 	$(GO) build -ldflags "$(LDFLAGS) -s -w" -o $(BIN)/kubectl-loopvol ./cmd/kubectl-loopvol
@@ -49,7 +58,7 @@ run: build ##@ Start the driver (all services) on pool ./_run/pool, socket ./_ru
 # (the real cluster, in a network namespace of its own; it mostly waits on
 # kubelet and the pods), then test-e2e-k8s. A background part's log is
 # printed when it ends (bin/tools.log, bin/envtest-e2e.log).
-TEST_NO_TOOLS := test-fmt test-vet test-logcheck test-unit test-sanity test-monitoring test-helm
+TEST_NO_TOOLS := test-fmt test-vet test-logcheck test-unit test-sanity test-monitoring test-helm test-krew
 TEST_BESIDE_CLUSTER := test-envtest test-e2e
 
 test: ##@ Run every check and test (root: real loop devices, mounts and the real cluster); the tools build meanwhile (log: bin/tools.log).
