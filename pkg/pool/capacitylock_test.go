@@ -52,7 +52,11 @@ func TestCapacityLockEndsWithTheCaller(t *testing.T) {
 				if !errors.Is(err, ErrBusy) || !strings.Contains(err.Error(), "deadline exceeded") {
 					t.Errorf("%s while the pool lock is held = %v, want ErrBusy naming the caller's deadline", step.name, err)
 				}
-				if waited < patience || waited > capacityWait/3 {
+				// The deadline in the error says it waited for the caller; the
+				// bound, far above the caller's patience, says it did not wait
+				// for capacityWait (no lower bound: the context's clock started
+				// before start, CI found 197 ms of a 200 ms deadline).
+				if waited > capacityWait/3 {
 					t.Errorf("%s waited %s for the pool lock; want about the caller's %s, not up to %s", step.name, waited, patience, capacityWait)
 				}
 			}
