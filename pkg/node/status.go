@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/loopvol/loopvol/pkg/loop"
 	"github.com/loopvol/loopvol/pkg/pool"
 	"github.com/loopvol/loopvol/pkg/statusapi"
 )
@@ -70,13 +71,13 @@ func (s *Server) NodeStatus(ctx context.Context, _ *statusapi.NodeStatusRequest)
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	devImage := map[string]string{}
+	devStatus := map[string]loop.Status{}
 	for _, dev := range devs {
 		ls, err := n.Loop.Status(dev)
 		if err != nil {
 			continue // detached meanwhile
 		}
-		devImage[dev] = ls.BackingFile
+		devStatus[dev] = ls
 		if ls.Deleted {
 			continue
 		}
@@ -108,9 +109,8 @@ func (s *Server) NodeStatus(ctx context.Context, _ *statusapi.NodeStatusRequest)
 		st.Volumes = append(st.Volumes, vs)
 	}
 	for _, dev := range devs {
-		if image, ok := devImage[dev]; ok && !used[dev] {
-			ls, _ := n.Loop.Status(dev)
-			st.StrayDevices = append(st.StrayDevices, statusapi.LoopDevice{Device: dev, Image: image, Deleted: ls.Deleted})
+		if ls, ok := devStatus[dev]; ok && !used[dev] {
+			st.StrayDevices = append(st.StrayDevices, statusapi.LoopDevice{Device: dev, Image: ls.BackingFile, Deleted: ls.Deleted})
 		}
 	}
 	return st, nil
