@@ -11,6 +11,7 @@ import (
 	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 
@@ -199,13 +200,30 @@ func (d *doctorRun) checkStorageCapacity(ctx context.Context) CheckResult {
 			}
 		}
 	}
+	logs := " and its logs: kubectl -n " + d.opts.driverNamespace + " logs loopvol-controller-0 -c sidecar"
 	switch {
 	case classes == 0:
 		return warning(name, "no StorageClass of "+d.opts.driver, "apply deploy/kubernetes/base/storageclass.yaml, or a class of your own")
 	case len(missing) > 0:
 		return fail(name, "no CSIStorageCapacity for "+listNames(missing),
 			"the capacity controller publishes them (Lease "+capacity.LeaseName(d.opts.driver)+"): check it leads"+
-				" (kubectl loopvol status) and its logs: kubectl -n "+d.opts.driverNamespace+" logs loopvol-controller-0 -c sidecar")
+				" (kubectl loopvol status)"+logs)
+	case len(segments) == 0:
+		return warning(name, "no registered node of "+d.opts.driver+" has a topology segment: there is nothing to check",
+			"see the registration check: kubelet labels a node with the node plugin's topology keys when it registers the plugin")
+	}
+	// The objects exist; they are current only while a capacity controller
+	// acts. A central one holds its Lease, which must not have run out
+	// (per-node instances, --node-deployment, elect no leader: a missing
+	// Lease says nothing).
+	lease, err := d.kube.CoordinationV1().Leases(d.opts.driverNamespace).Get(ctx, capacity.LeaseName(d.opts.driver), metav1.GetOptions{})
+	switch {
+	case err != nil && !apierrors.IsNotFound(err):
+		return fail(name, "get Lease "+capacity.LeaseName(d.opts.driver)+": "+err.Error(), "")
+	case err == nil && leaseExpired(lease, d.now()):
+		return fail(name, fmt.Sprintf("%d classes × %d segments have their CSIStorageCapacity, but no capacity controller leads"+
+			" (Lease %s last renewed %s): nobody keeps them current", classes, len(segments), lease.Name, renewed(lease.Spec.RenewTime, d.now())),
+			"the scheduler places claims by capacity that may be gone; check the sidecar runs (kubectl loopvol status)"+logs)
 	}
 	return pass(name, fmt.Sprintf("%d classes × %d segments, each has its CSIStorageCapacity", classes, len(segments)))
 }

@@ -11,6 +11,7 @@ import (
 	storagev1 "k8s.io/api/storage/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/loopvol/loopvol/pkg/capacity"
 	"github.com/loopvol/loopvol/pkg/statusapi"
 )
 
@@ -118,6 +119,25 @@ func TestDoctor(t *testing.T) {
 		{name: "a segment without CSIStorageCapacity → storage-capacity fails",
 			change: func(f *fixture) { healthy(f); f.remove("CSIStorageCapacity", "csisc-zone-b") },
 			check:  "storage-capacity", result: resultFail, hint: "capacity controller"},
+		{name: "the capacity controller's Lease ran out → storage-capacity fails",
+			change: func(f *fixture) {
+				healthy(f)
+				f.remove("Lease", capacity.LeaseName(testDriver))
+				f.add(lease(capacity.LeaseName(testDriver), "loopvol-controller-0", testNow.Add(-2*time.Minute)))
+			},
+			check: "storage-capacity", result: resultFail, hint: "the sidecar runs"},
+		{name: "no per-node capacity controller Lease (--node-deployment) → storage-capacity passes",
+			change: func(f *fixture) { healthy(f); f.remove("Lease", capacity.LeaseName(testDriver)) },
+			check:  "storage-capacity", result: resultPass},
+		{name: "no node has a topology segment → storage-capacity warns",
+			change: func(f *fixture) {
+				healthy(f)
+				for _, n := range []string{"worker-1", "worker-2", "worker-3"} {
+					f.remove("Node", n)
+					f.add(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n}})
+				}
+			},
+			check: "storage-capacity", result: resultWarn, hint: "registration check"},
 		{name: "caBundle empty → webhook fails",
 			change: func(f *fixture) {
 				healthy(f)
