@@ -11,7 +11,7 @@ RUN := $(CURDIR)/_run
 ENVTEST_PKGS := ./internal/harness/testenv/ ./internal/harness/cluster/
 UNIT_PKGS := $(shell $(GO) list ./... | grep -v -e /test/ -e /internal/harness/testenv -e /internal/harness/cluster)
 
-.PHONY: help build kubectl-plugin test-krew tools all-tools run test unit test-fmt test-vet test-logcheck test-go test-unit test-envtest test-sanity test-e2e bench clean
+.PHONY: help build kubectl-plugin test-krew krew-release tools all-tools run test unit test-fmt test-vet test-logcheck test-go test-unit test-envtest test-sanity test-e2e bench clean
 
 help: ##@ Show this help.
 	@awk 'BEGIN {FS = ":.*##@ "} /^[a-zA-Z0-9_-]+:.*##@ / {printf "  %-19s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -25,10 +25,17 @@ build: kubectl-plugin ##@ Build bin/driver, bin/attacher and bin/kubectl-loopvol
 # deploy/krew/loopvol.yaml is written in.
 KREW_VERSION := v0.4.3
 
-test-krew: kubectl-plugin ##@ Install bin/kubectl-loopvol with krew from deploy/krew/loopvol.yaml and its release archive (_output/krew) into a krew root of its own, and run it.
+test-krew: ##@ Make the release's archive of this machine's platform and its manifest (hack/krew/release.sh, _output/krew), install it with krew into a krew root of its own, and run it.
 	@echo "### test-krew"
 	@[ -x $(BIN)/krew ] || GOBIN=$(BIN) $(GO) install sigs.k8s.io/krew/cmd/krew@$(KREW_VERSION)
 	hack/krew/install-test.sh $(BIN) $(CURDIR)/_output/krew
+
+# The version krew-release publishes: deploy/krew/loopvol.yaml's unless given.
+PLUGIN_VERSION ?= $(shell sed -n 's/^  version: //p' deploy/krew/loopvol.yaml)
+
+krew-release: ##@ The krew release of kubectl-loopvol: linux amd64 and arm64 archives and the manifest with their sha256 (_output/release; PLUGIN_VERSION=vX.Y.Z).
+	@echo "### krew-release"
+	hack/krew/release.sh $(CURDIR)/_output/release $(PLUGIN_VERSION)
 
 kubectl-plugin: ##@ Build bin/kubectl-loopvol, the kubectl plugin (put it on PATH: kubectl loopvol; docs/kubectl-plugin.md).
 	$(GO) build -ldflags "$(LDFLAGS) -s -w" -o $(BIN)/kubectl-loopvol ./cmd/kubectl-loopvol
