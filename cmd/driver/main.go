@@ -25,6 +25,7 @@ import (
 	"github.com/loopvol/loopvol/internal/command"
 	"github.com/loopvol/loopvol/pkg/csiserver"
 	"github.com/loopvol/loopvol/pkg/heartbeat"
+	"github.com/loopvol/loopvol/pkg/node"
 	"github.com/loopvol/loopvol/pkg/pool"
 	"github.com/loopvol/loopvol/pkg/volspec"
 )
@@ -49,6 +50,7 @@ type config struct {
 	pools         poolFlag
 	configFile    string
 	kubeletDir    string
+	podUID        string
 	maxVolumes    int64
 	httpEndpoint  string
 	defaultFsType string
@@ -152,6 +154,7 @@ func newFlagSet(cfg *config, host string) *flag.FlagSet {
 	fs.Var(&cfg.pools, "pool", "Pool of this zone as NAME=PATH (NAME a DNS label, PATH a directory); repeatable.")
 	fs.StringVar(&cfg.configFile, "config", "", "YAML file with pools of several zones: pools: [{name, zone, path, reserveBytes}].")
 	fs.StringVar(&cfg.kubeletDir, "kubelet-dir", "/var/lib/kubelet", "Staging and target paths must lie under this directory.")
+	fs.StringVar(&cfg.podUID, "pod-uid", "", "UID of the node plugin's own Pod (the Downward API's metadata.uid); with it the node's status (kubectl loopvol doctor) tells whether --kubelet-dir is kubelet's directory. Empty: not told.")
 	fs.Int64Var(&cfg.maxVolumes, "max-volumes-per-node", 128, "Most volumes attached to this node at once, reported by NodeGetInfo and enforced by ControllerPublishVolume (0: no limit).")
 	fs.StringVar(&cfg.httpEndpoint, "http-endpoint", "", "host:port to serve /metrics (CSI call counts and latencies, pool space) and /healthz on; empty: off.")
 	fs.StringVar(&cfg.defaultFsType, "default-fstype", volspec.DefaultFsType, "Filesystem of mount volumes whose request names none: ext4 or xfs.")
@@ -188,6 +191,9 @@ func (c *config) validate() error {
 	if c.serves(modeNode) {
 		if err := pool.ValidateNodeID(c.nodeID); err != nil {
 			errs = append(errs, fmt.Errorf("--node-id: %w", err))
+		}
+		if err := node.ValidatePodUID(c.podUID); err != nil {
+			errs = append(errs, fmt.Errorf("--pod-uid: %w", err))
 		}
 	}
 	if c.serves(modeController) && c.defaultFsType != "" && !volspec.SupportedFsType(c.defaultFsType) {

@@ -72,6 +72,7 @@ func run(ctx context.Context, cfg *config, listen listenFunc) error {
 			MaxVolumes: cfg.maxVolumes,
 			Version:    version,
 			KubeletDir: cfg.kubeletDir,
+			PodUID:     cfg.podUID,
 			Pools:      byName,
 			Loop:       loop.New(loop.Owner(cfg.nodeID)), // only this node's devices (docs/security.md)
 			Mounter:    &mount.SafeFormatAndMount{Interface: mount.New(""), Exec: utilexec.New()},

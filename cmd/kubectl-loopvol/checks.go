@@ -101,9 +101,21 @@ func (d *doctorRun) checkRegistration(context.Context) CheckResult {
 
 func (d *doctorRun) checkKubeletDir(context.Context) CheckResult {
 	const name = "kubelet-dir"
-	var registered int
-	var suspects []string
+	var registered, verified int
+	var wrong, suspects []string
 	for _, n := range d.pluginNodes() {
+		// A node plugin given its Pod's UID says whether kubelet keeps
+		// that Pod's directory under the kubelet directory it was given:
+		// the proof either way. kubelet's configuration (configz) does
+		// not tell its root directory, so without it, where the
+		// registration failed, the directory is only a suspect.
+		if n.status != nil && n.status.KubeletDirHasPod != nil {
+			if !*n.status.KubeletDirHasPod {
+				wrong = append(wrong, n.name+" (given "+n.status.KubeletDir+")")
+				continue
+			}
+			verified++
+		}
 		switch {
 		case n.driver != nil:
 			registered++
@@ -113,15 +125,17 @@ func (d *doctorRun) checkKubeletDir(context.Context) CheckResult {
 			suspects = append(suspects, n.name+" (unknown)")
 		}
 	}
-	if len(suspects) > 0 {
-		// kubelet's configuration (configz) does not tell its root
-		// directory, so where the registration failed the directory the
-		// plugin was given is only a suspect.
+	switch {
+	case len(wrong) > 0:
+		return fail(name, "kubelet keeps its Pods elsewhere than the directory the node plugin was given: "+listNames(wrong),
+			"the node plugin's own Pod directory is not under it; "+kubeletDirHint)
+	case len(suspects) > 0:
 		return warning(name, "not registered: "+listNames(suspects),
 			"if that is not the node's kubelet --root-dir: "+kubeletDirHint)
-	}
-	if registered == 0 {
+	case registered == 0:
 		return warning(name, "no node plugin to check", "")
+	case verified > 0:
+		return pass(name, fmt.Sprintf("kubelet found the registration socket on %d nodes; %d plugins see their Pod under it", registered, verified))
 	}
 	return pass(name, fmt.Sprintf("kubelet found the registration socket on %d nodes", registered))
 }

@@ -10,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 
 	"github.com/loopvol/loopvol/pkg/capacity"
 	"github.com/loopvol/loopvol/pkg/statusapi"
@@ -95,6 +96,21 @@ func TestDoctor(t *testing.T) {
 		{name: "CSINode without the driver → kubelet-dir warns with what the plugin was given",
 			change: func(f *fixture) { healthy(f); brokenRegistration(f) },
 			check:  "kubelet-dir", result: resultWarn, hint: "/var/snap/microk8s/common/var/lib/kubelet"},
+		{name: "a node plugin without its Pod under its kubelet directory → kubelet-dir fails, though registered",
+			change: func(f *fixture) {
+				healthy(f)
+				f.nodes.status["worker-1"].KubeletDirHasPod = ptr.To(true)
+				f.nodes.status["worker-2"].KubeletDirHasPod = ptr.To(false)
+			},
+			check: "kubelet-dir", result: resultFail, hint: "/var/lib/rancher/k3s/agent/kubelet"},
+		{name: "node plugins with their Pod under their kubelet directory → kubelet-dir passes",
+			change: func(f *fixture) {
+				healthy(f)
+				for _, st := range f.nodes.status {
+					st.KubeletDirHasPod = ptr.To(true)
+				}
+			},
+			check: "kubelet-dir", result: resultPass},
 		{name: "plugin not Ready → registration fails",
 			change: func(f *fixture) {
 				healthy(f)

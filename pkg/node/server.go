@@ -31,6 +31,12 @@ type Config struct {
 	// KubeletDir is the only directory under which staging and target paths
 	// are accepted.
 	KubeletDir string
+	// PodUID is the UID of the node plugin's own Pod (the Downward API's
+	// metadata.uid), or empty. With it NodeStatus tells whether kubelet
+	// keeps that Pod's directory under KubeletDir: the one sign, from
+	// inside the node, that KubeletDir is not kubelet's --root-dir
+	// (kubelet's configuration does not say).
+	PodUID string
 	// Pools maps pool names to pools. Pools of other zones are ignored.
 	Pools map[string]*pool.Pool
 	// Loop attaches images to loop devices. Its owner (loop.Owner) must be
@@ -66,6 +72,9 @@ func (c *Config) Validate() error {
 	}
 	if !filepath.IsAbs(c.KubeletDir) || filepath.Clean(c.KubeletDir) == "/" {
 		errs = append(errs, fmt.Errorf("kubelet directory %q must be an absolute path other than /", c.KubeletDir))
+	}
+	if err := ValidatePodUID(c.PodUID); err != nil {
+		errs = append(errs, err)
 	}
 	for name, p := range c.Pools {
 		if p == nil || p.Name != name {

@@ -3,7 +3,10 @@ package node
 import (
 	"context"
 	"errors"
+	"fmt"
+	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"sort"
 	"strings"
@@ -25,15 +28,16 @@ var _ statusapi.StatusServer = (*Server)(nil)
 func (s *Server) NodeStatus(ctx context.Context, _ *statusapi.NodeStatusRequest) (*statusapi.NodeStatus, error) {
 	n := s.node
 	st := &statusapi.NodeStatus{
-		NodeID:     n.NodeID,
-		Zone:       n.Zone,
-		Version:    n.Version,
-		Started:    n.started,
-		KubeletDir: n.kubeletDir,
-		MaxVolumes: n.MaxVolumes,
-		SelfFenced: s.SelfFenced(),
-		Pools:      []statusapi.PoolStatus{},
-		Volumes:    []statusapi.VolumeStatus{},
+		NodeID:           n.NodeID,
+		Zone:             n.Zone,
+		Version:          n.Version,
+		Started:          n.started,
+		KubeletDir:       n.kubeletDir,
+		KubeletDirHasPod: n.kubeletDirHasPod(),
+		MaxVolumes:       n.MaxVolumes,
+		SelfFenced:       s.SelfFenced(),
+		Pools:            []statusapi.PoolStatus{},
+		Volumes:          []statusapi.VolumeStatus{},
 	}
 	names := make([]string, 0, len(n.pools))
 	for name := range n.pools {
@@ -193,4 +197,30 @@ func (n *node) underKubelet(path string) bool {
 		}
 	}
 	return false
+}
+
+// podUID is a Pod's UID as kubelet names its directory: a UUID the API
+// server made, or a static Pod's hash in hex. It becomes a path element,
+// so nothing but letters, digits and inner dashes is accepted.
+var podUID = regexp.MustCompile(`^[0-9a-zA-Z][0-9a-zA-Z-]{0,63}$`)
+
+// ValidatePodUID accepts an empty UID (not given) or one podUID matches.
+func ValidatePodUID(uid string) error {
+	if uid != "" && !podUID.MatchString(uid) {
+		return fmt.Errorf("pod UID %q is not a Pod's UID (the Downward API's metadata.uid: letters, digits and dashes)", uid)
+	}
+	return nil
+}
+
+// kubeletDirHasPod says whether kubelet keeps the plugin's own Pod directory
+// (pods/<PodUID>) under the kubelet directory the plugin was given, as it
+// does under its --root-dir for every Pod it runs; nil without a PodUID.
+// The directory itself is not followed if it is a symbolic link.
+func (n *node) kubeletDirHasPod() *bool {
+	if n.PodUID == "" {
+		return nil
+	}
+	fi, err := os.Lstat(filepath.Join(n.kubeletDir, "pods", n.PodUID))
+	has := err == nil && fi.IsDir()
+	return &has
 }

@@ -3,6 +3,7 @@ package node
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -100,5 +101,59 @@ func TestNodeStatusVolumes(t *testing.T) {
 	}
 	if v := st.Volumes[0]; v.Attached || v.Health != reasonNotAttached || len(v.Conditions) == 0 {
 		t.Errorf("volume detached under its stage = %+v, want not attached and %s", v, reasonNotAttached)
+	}
+}
+
+// TestNodeStatusKubeletDirHasPod: whether kubelet keeps the plugin's own
+// Pod directory under the kubelet directory it was given, only when it was
+// given its Pod's UID, and never through a symbolic link.
+func TestNodeStatusKubeletDirHasPod(t *testing.T) {
+	f := newFixture(t)
+	has := func() *bool {
+		t.Helper()
+		st, err := f.srv.NodeStatus(f.ctx, &statusapi.NodeStatusRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.KubeletDirHasPod
+	}
+	if got := has(); got != nil {
+		t.Errorf("no pod UID given: KubeletDirHasPod = %v, want nil", *got)
+	}
+	const uid = "7d9aeb6f-53b7-4ac8-bf9a-f11ce7633dec"
+	f.srv.node.PodUID = uid
+	if got := has(); got == nil || *got {
+		t.Errorf("no pods/%s under the kubelet directory: KubeletDirHasPod = %v, want false", uid, got)
+	}
+	elsewhere := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(f.kubelet, "pods"), 0o750); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(elsewhere, filepath.Join(f.kubelet, "pods", uid)); err != nil {
+		t.Fatal(err)
+	}
+	if got := has(); got == nil || *got {
+		t.Errorf("pods/%s a symbolic link to a directory: KubeletDirHasPod = %v, want false", uid, got)
+	}
+	if err := os.Remove(filepath.Join(f.kubelet, "pods", uid)); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(filepath.Join(f.kubelet, "pods", uid), 0o750); err != nil {
+		t.Fatal(err)
+	}
+	if got := has(); got == nil || !*got {
+		t.Errorf("pods/%s a directory: KubeletDirHasPod = %v, want true", uid, got)
+	}
+}
+
+func TestValidatePodUID(t *testing.T) {
+	for uid, ok := range map[string]bool{
+		"": true, "7d9aeb6f-53b7-4ac8-bf9a-f11ce7633dec": true, "9f86d081884c7d659a2feaa0c55ad015": true, // a static Pod's
+		"../../etc": false, "..": false, ".": false, "-x": false, "a/b": false, "a b": false,
+		"7d9aeb6f-53b7-4ac8-bf9a-f11ce7633dec/..": false, strings.Repeat("a", 65): false,
+	} {
+		if err := ValidatePodUID(uid); (err == nil) != ok {
+			t.Errorf("ValidatePodUID(%q) = %v, want ok %v", uid, err, ok)
+		}
 	}
 }

@@ -39,6 +39,12 @@ type NodeStatus struct {
 	// KubeletDir is the kubelet directory the plugin was given: staging and
 	// target paths are accepted only under it.
 	KubeletDir string `json:"kubeletDir"`
+	// KubeletDirHasPod says whether kubelet keeps the plugin's own Pod
+	// directory (pods/<its UID>) under KubeletDir: false means KubeletDir
+	// is not kubelet's --root-dir, so kubelet never finds the plugin's
+	// registration socket. Nil when the plugin was not given its Pod's
+	// UID (the driver's --pod-uid).
+	KubeletDirHasPod *bool `json:"kubeletDirHasPod,omitempty"`
 	// MaxVolumes is the plugin's volume limit (0: none).
 	MaxVolumes int64 `json:"maxVolumes,omitempty"`
 	// SelfFenced says the plugin lost its heartbeat and froze its
