@@ -254,5 +254,16 @@ func testKubectlPlugin(t *testing.T, c *cluster.Cluster) {
 	if out, code := p.Table("doctor"); code != 0 {
 		t.Errorf("doctor on a healthy cluster: exit %d, want 0:\n%s", code, out)
 	}
+	// The shipped DaemonSet gives the plugin its Pod's UID: the kubelet
+	// directory is proven, not only inferred from the registration.
+	var doctor struct {
+		Checks []struct{ Name, Result, Detail string } `json:"checks"`
+	}
+	p.JSON(&doctor, "doctor")
+	for _, ch := range doctor.Checks {
+		if ch.Name == "kubelet-dir" && (ch.Result != "pass" || !strings.Contains(ch.Detail, "1 plugins see their Pod under it")) {
+			t.Errorf("doctor's kubelet-dir on a healthy cluster: %s, %q; want pass with the plugin's own Pod found", ch.Result, ch.Detail)
+		}
+	}
 	deleteNamespace(ctx, t, c, ns)
 }
