@@ -28,9 +28,10 @@ KREW_VERSION := v0.4.3
 test-krew: ##@ Make the release's archive of this machine's platform and its manifest (hack/krew/release.sh, _output/krew), install it with krew into a krew root of its own, and run it.
 	@echo "### test-krew"
 	@[ -x $(BIN)/krew ] || GOBIN=$(BIN) $(GO) install sigs.k8s.io/krew/cmd/krew@$(KREW_VERSION)
-	hack/krew/install-test.sh $(BIN) $(CURDIR)/_output/krew
+	hack/krew/install-test.sh $(BIN) $(CURDIR)/_output/krew $(PLUGIN_VERSION)
 
-# The version krew-release publishes: deploy/krew/loopvol.yaml's unless given.
+# The version krew-release publishes (and test-krew installs):
+# deploy/krew/loopvol.yaml's unless given.
 PLUGIN_VERSION ?= $(shell sed -n 's/^  version: //p' deploy/krew/loopvol.yaml)
 
 krew-release: ##@ The krew release of kubectl-loopvol: linux amd64 and arm64 archives and the manifest with their sha256 (_output/release; PLUGIN_VERSION=vX.Y.Z).

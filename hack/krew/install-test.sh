@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
-# install-test.sh BIN OUT: what `kubectl krew install` of the released
-# manifest does for a user. hack/krew/release.sh makes the release's
-# archive of this machine's platform and its manifest into OUT; this checks
+# install-test.sh BIN OUT VERSION: what `kubectl krew install` of the
+# released manifest does for a user. hack/krew/release.sh makes the
+# release's archive of VERSION for this machine's platform and its manifest
+# into OUT; this checks
 # the manifest's sha256 is that archive's, installs it with krew (BIN/krew,
 # sigs.k8s.io/krew v0.4.3) into a krew root of its own (removed at the end)
 # and runs the installed plugin. krew's index is never fetched: --manifest
 # and --archive need none (krew uninstall would: it refuses to run without
 # an index).
 set -euo pipefail
-bin=$1 out=$2
-version=$(sed -n 's/^  version: //p' deploy/krew/loopvol.yaml)
+bin=$1 out=$2 version=$3
 arch=$(${GO:-go} env GOARCH)
 hack/krew/release.sh "$out" "$version" "$arch"
 archive=$out/kubectl-loopvol_linux_$arch.tar.gz

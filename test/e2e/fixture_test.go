@@ -268,9 +268,9 @@ func (r *rig) startSidecar(name, kubeconfig string, args ...string) *attacher {
 const warmUpLogSlack = 2 * time.Second
 
 // refusedLine returns the first line of a klog log that says a request was
-// forbidden, or "", and how many such lines it left out. Lines stamped within a warm-up of a kube-apiserver that
-// KillAPIServer restarted (testenv.Env.WarmUps), or warmUpLogSlack after
-// it, are left out: until its RBAC caches sync such a server refuses what
+// forbidden, or "", and how many such lines it left out. Lines stamped
+// within a warm-up of a kube-apiserver that KillAPIServer restarted
+// (testenv.Env.WarmUps), or warmUpLogSlack after it, are left out: until its RBAC caches sync such a server refuses what
 // the shipped roles allow. The slack cannot hide a short role: the audit
 // log's check (TestZZRBACCoversEveryCall) judges each refusal by when the
 // server received the request, exactly.
@@ -281,7 +281,7 @@ func refusedLine(log string, warmUps []testenv.Window) (line string, warm int) {
 		}
 		at, ok := klogTime(l)
 		if ok && slices.ContainsFunc(warmUps, func(w testenv.Window) bool {
-			return !at.Before(w.Start) && !at.After(w.End.Add(warmUpLogSlack))
+			return testenv.Window{Start: w.Start, End: w.End.Add(warmUpLogSlack)}.Contains(at)
 		}) {
 			warm++
 			continue
