@@ -61,13 +61,23 @@ run: build ##@ Start the driver (all services) on pool ./_run/pool, socket ./_ru
 # background (a cold build is about half an hour, mostly CPU; the real-device
 # tests mostly wait on the disk), then the second: test-images (one of its
 # tests reads the e2e suite's image list from k8s.io/kubernetes, which the
-# tools' build fetches into the module cache), test-envtest and
-# test-e2e (a control plane of their own on loopback) beside test-cluster
-# (the real cluster, in a network namespace of its own; it mostly waits on
-# kubelet and the pods), then test-e2e-k8s. A background part's log is
-# printed when it ends (bin/tools.log, bin/envtest-e2e.log).
+# tools' build fetches into the module cache) and every binary and image
+# the rest runs, built once; then two streams side by side, each mostly
+# waiting on kubelet and the pods: the one-node clusters (test-cluster, then
+# test-e2e-k8s) and, in the background, test-envtest and test-e2e (a
+# control plane of their own on loopback), then test-multinode (a cluster of
+# nodes: internal/harness/cluster runs one of each kind at once, each in a
+# network namespace of its own, and never two of a kind). A background
+# part's log is printed when it ends (bin/tools.log, bin/beside.log).
 TEST_NO_TOOLS := test-fmt test-vet test-logcheck test-unit test-sanity test-monitoring test-helm test-krew
-TEST_BESIDE_CLUSTER := test-envtest test-e2e
+TEST_ONE_NODE := test-cluster test-e2e-k8s
+TEST_BESIDE := test-envtest test-e2e test-multinode
+
+# PREBUILT=1 runs a test target without building what it runs first: make
+# test builds it once, before two makes run tests side by side (neither
+# may write a binary or an image the other is running or loading).
+PREBUILT ?=
+prereq = $(if $(PREBUILT),,$(1))
 
 test: ##@ Run every check and test (root: real loop devices, mounts and the real cluster); the tools build meanwhile (log: bin/tools.log).
 	@echo "### test: hack/tools/build.sh builds the tools in the background (bin/tools.log)"
@@ -78,14 +88,12 @@ test: ##@ Run every check and test (root: real loop devices, mounts and the real
 	$(MAKE) --no-print-directory $(TEST_NO_TOOLS) || stop; \
 	echo "### test: waiting for hack/tools/build.sh"; \
 	wait $$tools; rc=$$?; bg=(); cat $(BIN)/tools.log; [ $$rc -eq 0 ] || exit $$rc; \
-	$(MAKE) --no-print-directory test-images || exit 1; \
-	echo "### test: $(TEST_BESIDE_CLUSTER) beside test-cluster (bin/envtest-e2e.log)"; \
-	setsid $(MAKE) --no-print-directory $(TEST_BESIDE_CLUSTER) >$(BIN)/envtest-e2e.log 2>&1 & e2e=$$!; bg=($$e2e); \
-	$(MAKE) --no-print-directory test-cluster; rc=$$?; \
-	wait $$e2e; erc=$$?; bg=(); echo "### test: $(TEST_BESIDE_CLUSTER) (bin/envtest-e2e.log)"; cat $(BIN)/envtest-e2e.log; \
-	[ $$rc -eq 0 ] || exit $$rc; [ $$erc -eq 0 ] || exit $$erc; \
-	$(MAKE) --no-print-directory test-multinode || exit 1; \
-	$(MAKE) --no-print-directory test-e2e-k8s
+	$(MAKE) --no-print-directory test-images build e2e-k8s-images || exit 1; \
+	echo "### test: $(TEST_BESIDE) beside $(TEST_ONE_NODE) (bin/beside.log)"; \
+	setsid $(MAKE) --no-print-directory PREBUILT=1 $(TEST_BESIDE) >$(BIN)/beside.log 2>&1 & beside=$$!; bg=($$beside); \
+	$(MAKE) --no-print-directory PREBUILT=1 $(TEST_ONE_NODE); rc=$$?; \
+	wait $$beside; brc=$$?; bg=(); echo "### test: $(TEST_BESIDE) (bin/beside.log)"; cat $(BIN)/beside.log; \
+	[ $$rc -eq 0 ] || exit $$rc; exit $$brc
 
 unit: test-unit ##@ The fast developer loop: every unit and real-device test that needs no tool (no kube-apiserver, -race).
 
@@ -111,7 +119,7 @@ test-unit: ##@ The packages' tests that need no tool: pkg/, cmd/, internal/kube 
 	@echo "### test-unit"
 	$(GO) test -race -count=1 $(UNIT_PKGS)
 
-test-envtest: tools ##@ The packages' tests that start the control plane: internal/harness/testenv, internal/harness/cluster (-race).
+test-envtest: $(call prereq,tools) ##@ The packages' tests that start the control plane: internal/harness/testenv, internal/harness/cluster (-race).
 	@echo "### test-envtest"
 	$(GO) test -race -count=1 $(ENVTEST_PKGS)
 
@@ -119,7 +127,7 @@ test-sanity: build ##@ csi-sanity and the driver scenario tests against the real
 	@echo "### test-sanity"
 	$(GO) test -count=1 -timeout 30m -v ./test/sanity/ ./test/driver/ 2>&1 | tee $(BIN)/sanity.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|sanity:)|Ran [0-9]+ of' ; exit $${PIPESTATUS[0]}
 
-test-e2e: build tools ##@ Real binaries against a real kube-apiserver and etcd.
+test-e2e: $(call prereq,build tools) ##@ Real binaries against a real kube-apiserver and etcd.
 	@echo "### test-e2e"
 	$(GO) test -count=1 -timeout 40m ./test/e2e/
 
@@ -202,11 +210,11 @@ cluster-images: static cluster-tools ##@ make images plus the cluster's tool ima
 	$(BIN)/images -bin $(STATIC) -tools $(BIN) -out $(IMAGES_OUT) -cache $(IMAGES_CACHE) -repo $(IMAGE_REPO) \
 		-tag $(IMAGE_TAG) -tag dev -created $(IMAGES_CREATED)
 
-test-cluster: cluster-images ##@ Tests on a real one-node cluster with loopvol deployed by kustomize (root; docs/cluster.md).
+test-cluster: $(call prereq,cluster-images) ##@ Tests on a real one-node cluster with loopvol deployed by kustomize (root; docs/cluster.md).
 	@echo "### test-cluster"
 	$(GO) test -count=1 -timeout 30m -v ./test/cluster/ 2>&1 | tee $(BIN)/cluster.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok)|cluster_test.go|cluster: (up|down)' ; exit $${PIPESTATUS[0]}
 
-test-multinode: cluster-images ##@ Tests on a real cluster of two nodes on this machine: a shared pool, pools per node, fencing, moves, drain, failover (root; docs/cluster.md).
+test-multinode: $(call prereq,cluster-images) ##@ Tests on a real cluster of two nodes on this machine: a shared pool, pools per node, fencing, moves, drain, failover (root; docs/cluster.md).
 	@echo "### test-multinode"
 	$(GO) test -count=1 -timeout 30m -v ./test/multinode/ 2>&1 | tee $(BIN)/multinode.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok)|_test.go|cluster: (up|down)' ; exit $${PIPESTATUS[0]}
 
@@ -251,7 +259,7 @@ e2e-k8s-images: cluster-images e2e-k8s-tools ##@ make cluster-images plus the su
 	$(BIN)/images -bin $(STATIC) -tools $(BIN) -out $(IMAGES_OUT) -cache $(IMAGES_CACHE) -repo $(IMAGE_REPO) \
 		-tag $(IMAGE_TAG) -tag dev -created $(IMAGES_CREATED) -images $(E2E_K8S_IMAGES)
 
-test-e2e-k8s: e2e-k8s-images ##@ The storage e2e suite's External.Storage specs but Serial, Disruptive and Slow, on a real cluster (root; E2E_K8S_FOCUS/E2E_K8S_SKIP narrow it).
+test-e2e-k8s: $(call prereq,e2e-k8s-images) ##@ The storage e2e suite's External.Storage specs but Serial, Disruptive and Slow, on a real cluster (root; E2E_K8S_FOCUS/E2E_K8S_SKIP narrow it).
 	@echo "### test-e2e-k8s"
 	$(GO) test -count=1 -timeout 150m -v ./test/e2e-k8s/ 2>&1 | tee $(BIN)/e2e-k8s.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|e2e-k8s:)|e2e_test.go|nodessh_test.go|cluster: (up|down)|^ *\|' ; exit $${PIPESTATUS[0]}
 

@@ -54,8 +54,9 @@ type Cluster struct {
 	// created are the directories outside Dir that this cluster made,
 	// removed by Down.
 	created []string
-	// hostLock is HostLockPath, held from Up to the end of Down.
-	hostLock *hostLock
+	// hostLock is HostLockPath or NodesLockPath (clusterLockPath), and
+	// dirsLock DirsLockPath shared: both held from Up to the end of Down.
+	hostLock, dirsLock *hostLock
 	// sysfs holds the network namespace's sysfs read-write (holdSysfs)
 	// in a namespace of its own; nil elsewhere.
 	sysfs *os.File
@@ -83,11 +84,15 @@ func Up(ctx context.Context, cfg Config) (*Cluster, error) {
 	c.Server = "https://127.0.0.1:" + strconv.Itoa(cfg.APIPort)
 	c.serviceProxy = cfg.NodeIP != "" && cfg.NodeIP == NetNSNodeIP() && ownNetNS()
 	start := time.Now()
-	lock, err := lockHost(ctx, HostLockPath, c.say)
+	lock, err := lockHost(ctx, clusterLockPath(cfg.Nodes), false, c.say)
 	if err != nil {
 		return nil, err
 	}
 	c.hostLock = lock
+	if c.dirsLock, err = lockHost(ctx, DirsLockPath, true, c.say); err != nil {
+		c.hostLock.release()
+		return nil, err
+	}
 	if err := c.up(ctx); err != nil {
 		c.say("cluster: up failed after %s: %v", since(start), err)
 		if derr := c.Down(context.Background()); derr != nil {

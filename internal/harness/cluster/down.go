@@ -118,10 +118,14 @@ func (c *Cluster) Down(ctx context.Context) error {
 			errs = append(errs, err)
 		}
 	}
-	for _, d := range c.created {
-		if err := c.removeTree(d); err != nil {
-			errs = append(errs, err)
+	if c.dirsLock.alone() {
+		for _, d := range c.created {
+			if err := c.removeTree(d); err != nil {
+				errs = append(errs, err)
+			}
 		}
+	} else if len(c.created) > 0 {
+		c.say("cluster: teardown: %s left in place: another cluster on this host is up and may use them", strings.Join(c.created, ", "))
 	}
 	c.created = nil
 	if c.sysfs != nil {
@@ -136,6 +140,7 @@ func (c *Cluster) Down(ctx context.Context) error {
 	}
 	// Released even when something was left behind, as the kernel would
 	// if this process died: the next cluster is told what by its own Up.
+	c.dirsLock.release()
 	c.hostLock.release()
 	return err
 }
