@@ -2,16 +2,21 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"path"
 	"slices"
 	"strings"
+	"time"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 )
 
 // webhookConfiguration is the ValidatingWebhookConfiguration the sidecar
@@ -156,4 +161,115 @@ func parseCABundle(b []byte) ([]*x509.Certificate, error) {
 		certs = append(certs, cert)
 	}
 	return certs, nil
+}
+
+// defaultCertDir is the sidecar's --webhook-cert-dir default.
+const defaultCertDir = "/etc/loopvol/webhook-tls"
+
+// certDirFlag is the sidecar's flag naming the serving certificate's directory.
+const certDirFlag = "--webhook-cert-dir"
+
+// servingSecrets names the Secrets that the Pods behind Service ns/name
+// mount at the directory the sidecar serves its certificate from (its
+// --webhook-cert-dir): the certificate the API server meets when it calls
+// the webhook, whatever the overlay or chart named the Secret.
+func (e *env) servingSecrets(ctx context.Context, ns, name string) ([]string, error) {
+	svc, err := e.kube.CoreV1().Services(ns).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("get Service %s/%s: %w", ns, name, err)
+	}
+	if len(svc.Spec.Selector) == 0 {
+		return nil, nil
+	}
+	pods, err := e.kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: labels.Set(svc.Spec.Selector).String()})
+	if err != nil {
+		return nil, fmt.Errorf("list the Pods of Service %s/%s: %w", ns, name, err)
+	}
+	var out []string
+	for _, p := range pods.Items {
+		for _, c := range p.Spec.Containers {
+			dir, ok := flagValue(append(slices.Clone(c.Command), c.Args...), certDirFlag)
+			if !ok {
+				dir = defaultCertDir
+			}
+			for _, m := range c.VolumeMounts {
+				if path.Clean(m.MountPath) != path.Clean(dir) {
+					continue
+				}
+				for _, v := range p.Spec.Volumes {
+					if v.Name == m.Name && v.Secret != nil && !slices.Contains(out, v.Secret.SecretName) {
+						out = append(out, v.Secret.SecretName)
+					}
+				}
+			}
+		}
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
+// flagValue is the value of flag (--name=value or --name value) in args.
+func flagValue(args []string, flag string) (string, bool) {
+	for i, a := range args {
+		if v, ok := strings.CutPrefix(a, flag+"="); ok {
+			return v, true
+		}
+		if a == flag && i+1 < len(args) {
+			return args[i+1], true
+		}
+	}
+	return "", false
+}
+
+// checkServingCert judges the certificate and key of a kubernetes.io/tls
+// Secret as the API server will when it calls webhooks through Service
+// ns/svc: the key is the certificate's, and the certificate is valid now,
+// names <svc>.<ns>.svc and chains to each webhook's caBundle. It returns
+// the problems, and the certificate's last day when it has none.
+func checkServingCert(secret *corev1.Secret, ns, svc string, webhooks []admissionregistrationv1.ValidatingWebhook, now time.Time) (problems []string, until time.Time) {
+	where := "Secret " + secret.Namespace + "/" + secret.Name
+	crt, key := secret.Data[corev1.TLSCertKey], secret.Data[corev1.TLSPrivateKeyKey]
+	chain, err := parseCABundle(crt)
+	if err != nil {
+		return []string{where + ": " + corev1.TLSCertKey + " " + err.Error()}, time.Time{}
+	}
+	if _, err := tls.X509KeyPair(crt, key); err != nil {
+		return []string{where + ": " + corev1.TLSPrivateKeyKey + " is not the key of " + corev1.TLSCertKey + ": " + err.Error()}, time.Time{}
+	}
+	leaf := chain[0]
+	if now.After(leaf.NotAfter) {
+		return []string{fmt.Sprintf("%s: the serving certificate expired %s", where, leaf.NotAfter.UTC().Format(time.DateOnly))}, time.Time{}
+	}
+	intermediates := x509.NewCertPool()
+	for _, c := range chain[1:] {
+		intermediates.AddCert(c)
+	}
+	host := svc + "." + ns + ".svc"
+	// Webhooks with the same caBundle fail the same way: one line each way.
+	var reasons []string
+	refused := map[string][]string{}
+	for _, wh := range webhooks {
+		roots := x509.NewCertPool()
+		cas, err := parseCABundle(wh.ClientConfig.CABundle)
+		if err != nil {
+			continue // the caBundle's own problem, said on its own
+		}
+		for _, c := range cas {
+			roots.AddCert(c)
+		}
+		if _, err := leaf.Verify(x509.VerifyOptions{DNSName: host, Roots: roots, Intermediates: intermediates,
+			CurrentTime: now, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}); err != nil {
+			if _, seen := refused[err.Error()]; !seen {
+				reasons = append(reasons, err.Error())
+			}
+			refused[err.Error()] = append(refused[err.Error()], wh.Name)
+		}
+	}
+	for _, r := range reasons {
+		problems = append(problems, fmt.Sprintf("%s: the API server would refuse its certificate for %s: %s", where, strings.Join(refused[r], ", "), r))
+	}
+	if len(problems) > 0 {
+		return problems, time.Time{}
+	}
+	return nil, leaf.NotAfter
 }

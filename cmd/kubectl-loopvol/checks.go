@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
@@ -278,17 +279,68 @@ func (d *doctorRun) checkWebhook(ctx context.Context) CheckResult {
 			}
 		}
 	}
+	served, unchecked := d.servingCerts(ctx, s, &problems)
 	switch {
 	case len(problems) > 0:
 		return fail(name, listNames(problems),
-			"the sidecar (--controllers=webhook) copies ca.crt of its serving Secret (mounted at /etc/loopvol/webhook-tls)"+
-				" into caBundle: check that Secret and the sidecar's logs (kubectl -n "+d.opts.driverNamespace+" logs loopvol-controller-0 -c sidecar)")
+			"the serving certificate must name <service>.<namespace>.svc and chain to the caBundle; the sidecar"+
+				" (--controllers=webhook) serves it from its Secret (mounted at "+defaultCertDir+") and copies that Secret's ca.crt"+
+				" into caBundle: check the Secret and the sidecar's logs (kubectl -n "+d.opts.driverNamespace+" logs loopvol-controller-0 -c sidecar)")
 	case s.ready == 0:
 		return fail(name, fmt.Sprintf("Service %s has no ready endpoint", strings.Join(s.services, ",")),
 			"the controller Pod serves the webhook: kubectl -n "+d.opts.driverNamespace+
 				" get pods -l app.kubernetes.io/component=controller; with failurePolicy Ignore, claims are admitted unchecked meanwhile")
+	case len(unchecked) > 0:
+		return warning(name, "serving certificate not checked: "+listNames(unchecked),
+			"doctor reads the Secret the webhook's Pods mount at the sidecar's "+certDirFlag+" (reading Secrets needs get on them)")
 	}
-	return pass(name, fmt.Sprintf("caBundle parses (%d webhooks); %s: %d ready endpoints", len(s.config.Webhooks), strings.Join(s.services, ","), s.ready))
+	return pass(name, fmt.Sprintf("caBundle (%d webhooks) trusts the serving certificate %s; %s: %d ready endpoints",
+		len(s.config.Webhooks), listNames(served), strings.Join(s.services, ","), s.ready))
+}
+
+// servingCerts checks the serving certificate of each of the webhook's
+// Services (checkServingCert), adding what is wrong to problems. served
+// says which Secrets passed, and until when; unchecked what could not be
+// read.
+func (d *doctorRun) servingCerts(ctx context.Context, s *webhookState, problems *[]string) (served, unchecked []string) {
+	for _, svc := range s.services {
+		ns, name, _ := strings.Cut(svc, "/")
+		var webhooks []admissionregistrationv1.ValidatingWebhook
+		for _, wh := range s.config.Webhooks {
+			if r := wh.ClientConfig.Service; r != nil && r.Namespace == ns && r.Name == name {
+				webhooks = append(webhooks, wh)
+			}
+		}
+		secrets, err := d.servingSecrets(ctx, ns, name)
+		switch {
+		case err != nil:
+			*problems = append(*problems, err.Error())
+			continue
+		case len(secrets) == 0:
+			unchecked = append(unchecked, "no Pod of Service "+svc+" mounts a Secret at the sidecar's "+certDirFlag)
+			continue
+		}
+		for _, sn := range secrets {
+			secret, err := d.kube.CoreV1().Secrets(ns).Get(ctx, sn, metav1.GetOptions{})
+			switch {
+			case apierrors.IsForbidden(err):
+				unchecked = append(unchecked, "Secret "+ns+"/"+sn+": "+err.Error())
+				continue
+			case apierrors.IsNotFound(err):
+				*problems = append(*problems, "Secret "+ns+"/"+sn+" is missing: the webhook has no certificate to serve")
+				continue
+			case err != nil:
+				*problems = append(*problems, "get Secret "+ns+"/"+sn+": "+err.Error())
+				continue
+			}
+			p, until := checkServingCert(secret, ns, name, webhooks, d.now())
+			*problems = append(*problems, p...)
+			if len(p) == 0 {
+				served = append(served, fmt.Sprintf("%s/%s (%s.%s.svc, until %s)", ns, sn, name, ns, until.UTC().Format(time.DateOnly)))
+			}
+		}
+	}
+	return served, unchecked
 }
 
 func (d *doctorRun) checkPolicies(ctx context.Context) CheckResult {

@@ -86,8 +86,8 @@ func TestDoctor(t *testing.T) {
 		change func(f *fixture)
 		check  string
 		result string
-		// hint is in the check's hint.
-		hint string
+		// hint is in the check's hint, detail in its detail.
+		hint, detail string
 	}{
 		{name: "all healthy → pass, exit 0", change: healthy, check: "registration", result: resultPass},
 		{name: "CSINode without the driver on a plugin's node → registration fails with the kubelet dir hint",
@@ -161,6 +161,45 @@ func TestDoctor(t *testing.T) {
 				f.add(webhookConfig(t, false))
 			},
 			check: "webhook", result: resultFail, hint: "ca.crt"},
+		{name: "serving certificate for another name → webhook fails naming the host it must carry",
+			change: func(f *fixture) {
+				healthy(f)
+				f.remove("Secret", "loopvol-webhook-tls")
+				f.add(webhookSecret(servingCert(t, "loopvol-webhook.default.svc", testNow.Add(time.Hour), true)))
+			},
+			check: "webhook", result: resultFail, detail: "not " + webhookHost, hint: "<service>.<namespace>.svc"},
+		{name: "serving certificate of another CA → webhook fails",
+			change: func(f *fixture) {
+				healthy(f)
+				f.remove("Secret", "loopvol-webhook-tls")
+				f.add(webhookSecret(servingCert(t, webhookHost, testNow.Add(time.Hour), false)))
+			},
+			check: "webhook", result: resultFail, detail: "unknown authority", hint: "chain to the caBundle"},
+		{name: "serving certificate expired → webhook fails with the day",
+			change: func(f *fixture) {
+				healthy(f)
+				f.remove("Secret", "loopvol-webhook-tls")
+				f.add(webhookSecret(servingCert(t, webhookHost, testNow.Add(-24*time.Hour), true)))
+			},
+			check: "webhook", result: resultFail, detail: "the serving certificate expired 2026-04-30"},
+		{name: "tls.key not the certificate's → webhook fails",
+			change: func(f *fixture) {
+				healthy(f)
+				f.remove("Secret", "loopvol-webhook-tls")
+				crt, _ := servingCert(t, webhookHost, testNow.Add(time.Hour), true)
+				_, key := servingCert(t, webhookHost, testNow.Add(time.Hour), true)
+				f.add(webhookSecret(crt, key))
+			},
+			check: "webhook", result: resultFail, detail: "tls.key is not the key of tls.crt"},
+		{name: "serving Secret missing → webhook fails",
+			change: func(f *fixture) { healthy(f); f.remove("Secret", "loopvol-webhook-tls") },
+			check:  "webhook", result: resultFail, detail: "Secret loopvol/loopvol-webhook-tls is missing"},
+		{name: "serving Secret unreadable → webhook warns that it checked the caBundle only",
+			change: func(f *fixture) { healthy(f); f.forbidSecrets = true },
+			check:  "webhook", result: resultWarn, detail: "serving certificate not checked: Secret loopvol/loopvol-webhook-tls"},
+		{name: "the serving certificate trusted by the caBundle → webhook passes with its Secret and last day",
+			change: healthy,
+			check:  "webhook", result: resultPass, detail: "serving certificate loopvol/loopvol-webhook-tls (" + webhookHost + ", until 2026-07-30)"},
 		{name: "no ready endpoint → webhook fails",
 			change: func(f *fixture) {
 				healthy(f)
@@ -224,6 +263,9 @@ func TestDoctor(t *testing.T) {
 			}
 			if !strings.Contains(got.Hint, tc.hint) {
 				t.Errorf("%s: hint %q, want it to say %q", tc.check, got.Hint, tc.hint)
+			}
+			if !strings.Contains(got.Detail, tc.detail) {
+				t.Errorf("%s: detail %q, want it to say %q", tc.check, got.Detail, tc.detail)
 			}
 			failed := false
 			for _, c := range checks {

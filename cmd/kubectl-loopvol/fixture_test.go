@@ -9,6 +9,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"errors"
 	"fmt"
 	"io"
 	"math/big"
@@ -78,6 +79,9 @@ type fixture struct {
 	nodes         *fakeNodes
 	// denied are "serviceaccount verb resource" that SubjectAccessReviews deny.
 	denied map[string]bool
+	// forbidSecrets refuses every read of a Secret, as RBAC does to a
+	// user who may not read them.
+	forbidSecrets bool
 }
 
 // Volume handles and PV names of the fixture's claims.
@@ -162,9 +166,7 @@ func newFixture(t *testing.T) *fixture {
 	for _, sa := range []string{"loopvol-controller", "loopvol-node"} {
 		f.add(&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: sa, Namespace: testNS}})
 	}
-	f.add(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "loopvol-controller-0", Namespace: testNS,
-		Labels: map[string]string{"app.kubernetes.io/name": "loopvol", "app.kubernetes.io/component": "controller"}},
-		Spec: corev1.PodSpec{NodeName: "worker-1"}, Status: corev1.PodStatus{Phase: corev1.PodRunning}})
+	f.add(controllerPod(), webhookService(), webhookSecret(servingCert(t, webhookHost, testNow.Add(90*24*time.Hour), true)))
 
 	// default/data-web-0: bound, attached to worker-1, staged and published there.
 	f.add(claim("default", "data-web-0", "loopvol", "10Gi", webPV), pv(webPV, "default", "data-web-0", webHandle, "10Gi"),
@@ -224,6 +226,11 @@ func (f *fixture) run(t *testing.T, namespace string, color bool, args ...string
 		sar.Status.Allowed = !f.denied[sa+" "+ra.Verb+" "+res]
 		return true, sar, nil
 	})
+	if f.forbidSecrets {
+		kube.PrependReactor("get", "secrets", func(a k8stesting.Action) (bool, runtime.Object, error) {
+			return true, nil, apierrors.NewForbidden(corev1.Resource("secrets"), a.(k8stesting.GetAction).GetName(), errors.New("RBAC: access denied"))
+		})
+	}
 	scheme := runtime.NewScheme()
 	var snaps []runtime.Object
 	for _, s := range f.snapshots {
@@ -310,20 +317,92 @@ func lease(name, holder string, renewed time.Time) *coordinationv1.Lease {
 			RenewTime: &metav1.MicroTime{Time: renewed}}}
 }
 
-// testCA is a CA certificate in PEM, made once.
-var testCA = func() []byte {
+// testCA is a CA certificate in PEM, and testCAKey its key, made once.
+var testCA, testCAKey = func() ([]byte, *ecdsa.PrivateKey) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		panic(err)
 	}
 	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "loopvol-webhook-ca"},
-		NotBefore: testNow.Add(-time.Hour), NotAfter: testNow.Add(365 * 24 * time.Hour), IsCA: true, BasicConstraintsValid: true}
+		NotBefore: testNow.Add(-time.Hour), NotAfter: testNow.Add(365 * 24 * time.Hour), IsCA: true, BasicConstraintsValid: true,
+		KeyUsage: x509.KeyUsageCertSign}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
 	if err != nil {
 		panic(err)
 	}
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), key
 }()
+
+// webhookHost is the name the API server calls the fixture's webhook by.
+const webhookHost = "loopvol-webhook." + testNS + ".svc"
+
+// servingCert is a serving certificate for host, valid until notAfter,
+// and its key, in PEM: signed by testCA, or by a CA of its own (a
+// certificate the API server would not trust) when byTestCA is false.
+func servingCert(t *testing.T, host string, notAfter time.Time, byTestCA bool) (crt, keyPEM []byte) {
+	t.Helper()
+	signer, issuer := testCAKey, testCA
+	if !byTestCA {
+		other, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tmpl := &x509.Certificate{SerialNumber: big.NewInt(9), Subject: pkix.Name{CommonName: "another-ca"},
+			NotBefore: testNow.Add(-time.Hour), NotAfter: testNow.Add(time.Hour), IsCA: true, BasicConstraintsValid: true,
+			KeyUsage: x509.KeyUsageCertSign}
+		der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &other.PublicKey, other)
+		if err != nil {
+			t.Fatal(err)
+		}
+		signer, issuer = other, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+	}
+	block, _ := pem.Decode(issuer)
+	ca, err := x509.ParseCertificate(block.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: host}, DNSNames: []string{host},
+		NotBefore: testNow.Add(-48 * time.Hour), NotAfter: notAfter,
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, signer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kder, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder})
+}
+
+// webhookSecret is the webhook's serving Secret, as the controller Pod
+// mounts it.
+func webhookSecret(crt, key []byte) *corev1.Secret {
+	return &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "loopvol-webhook-tls", Namespace: testNS}, Type: corev1.SecretTypeTLS,
+		Data: map[string][]byte{corev1.TLSCertKey: crt, corev1.TLSPrivateKeyKey: key, "ca.crt": testCA}}
+}
+
+// webhookService is the Service the webhook configuration calls, and
+// controllerPod the Pod behind it, whose sidecar serves the certificate
+// of webhookSecret.
+func webhookService() *corev1.Service {
+	return &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "loopvol-webhook", Namespace: testNS},
+		Spec: corev1.ServiceSpec{Selector: map[string]string{"app.kubernetes.io/name": "loopvol", "app.kubernetes.io/component": "controller"}}}
+}
+
+func controllerPod() *corev1.Pod {
+	return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "loopvol-controller-0", Namespace: testNS,
+		Labels: map[string]string{"app.kubernetes.io/name": "loopvol", "app.kubernetes.io/component": "controller"}},
+		Spec: corev1.PodSpec{NodeName: "worker-1",
+			Containers: []corev1.Container{{Name: "sidecar", Args: []string{"--controllers=attach,capacity,webhook", "--webhook-cert-dir=/etc/loopvol/webhook-tls"},
+				VolumeMounts: []corev1.VolumeMount{{Name: "webhook-tls", MountPath: "/etc/loopvol/webhook-tls", ReadOnly: true}}}},
+			Volumes: []corev1.Volume{{Name: "webhook-tls", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: "loopvol-webhook-tls"}}}}},
+		Status: corev1.PodStatus{Phase: corev1.PodRunning}}
+}
 
 func webhookConfig(t *testing.T, withCA bool) *admissionregistrationv1.ValidatingWebhookConfiguration {
 	t.Helper()

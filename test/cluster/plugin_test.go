@@ -14,6 +14,7 @@ import (
 
 	"github.com/loopvol/loopvol/internal/harness/cluster"
 	"github.com/loopvol/loopvol/internal/harness/cluster/clustertest"
+	"github.com/loopvol/loopvol/internal/harness/testcert"
 	"github.com/loopvol/loopvol/pkg/loop"
 )
 
@@ -146,6 +147,15 @@ func testKubectlPlugin(t *testing.T, c *cluster.Cluster) {
 	if strings.Contains(out, "Waiting:") {
 		t.Errorf("describe pvc data says it waits, of a claim in use")
 	}
+	// The same path from the volume's end and from its Pod's.
+	for _, args := range [][]string{{"describe", "pv", pvName}, {"describe", "pod", "user", "-n", ns}} {
+		out, code := p.Table(args...)
+		for _, want := range []string{pvName, dev, node} {
+			if code != 0 || !strings.Contains(out, want) {
+				t.Errorf("%s (exit %d) lacks %q", strings.Join(args, " "), code, want)
+			}
+		}
+	}
 
 	// A claim no pool can hold, for a Pod. It is made before its class, so
 	// that the webhook (which refuses a claim larger than any pool of its
@@ -221,9 +231,9 @@ func testKubectlPlugin(t *testing.T, c *cluster.Cluster) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	out, code = p.Table("doctor")
-	if code != 1 || !strings.Contains(out, node) || !strings.Contains(strings.ToLower(out), "regist") {
-		t.Errorf("doctor with node %s's registration broken: exit %d, want 1 and the node named", node, code)
+	p.Table("doctor")
+	if checks, code := p.Doctor(); code != 1 || checks["registration"].Result != "fail" || !strings.Contains(checks["registration"].Detail, node) {
+		t.Errorf("doctor with node %s's registration broken: exit %d, registration %+v; want it failed naming the node", node, code, checks["registration"])
 	}
 	// What doctor says to do: restart the node plugin.
 	old, err := nodePod(ctx, c)
@@ -256,14 +266,33 @@ func testKubectlPlugin(t *testing.T, c *cluster.Cluster) {
 	}
 	// The shipped DaemonSet gives the plugin its Pod's UID: the kubelet
 	// directory is proven, not only inferred from the registration.
-	var doctor struct {
-		Checks []struct{ Name, Result, Detail string } `json:"checks"`
+	checks, _ := p.Doctor()
+	if ch := checks["kubelet-dir"]; ch.Result != "pass" || !strings.Contains(ch.Detail, "1 plugins see their Pod under it") {
+		t.Errorf("doctor's kubelet-dir on a healthy cluster: %s, %q; want pass with the plugin's own Pod found", ch.Result, ch.Detail)
 	}
-	p.JSON(&doctor, "doctor")
-	for _, ch := range doctor.Checks {
-		if ch.Name == "kubelet-dir" && (ch.Result != "pass" || !strings.Contains(ch.Detail, "1 plugins see their Pod under it")) {
-			t.Errorf("doctor's kubelet-dir on a healthy cluster: %s, %q; want pass with the plugin's own Pod found", ch.Result, ch.Detail)
-		}
+	// The webhook's serving certificate, read from the Secret its Pod
+	// mounts (the Webhook scenario made it), is judged as the API server
+	// will: one for another name fails, and the Secret put back passes.
+	host := "loopvol-webhook." + cluster.Namespace + ".svc"
+	if ch := checks["webhook"]; ch.Result != "pass" || !strings.Contains(ch.Detail, webhookSecret+" ("+host+", until ") {
+		t.Errorf("doctor's webhook on a healthy cluster: %s, %q; want pass naming the serving Secret and %s", ch.Result, ch.Detail, host)
+	}
+	secret, err := c.Client.CoreV1().Secrets(cluster.Namespace).Get(ctx, webhookSecret, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wrong := testcert.New(t, []string{"loopvol-webhook.elsewhere.svc"}, nil)
+	broken := secret.DeepCopy()
+	broken.Data[testcert.CertFile], broken.Data[testcert.KeyFile] = wrong.Cert, wrong.Key
+	if _, err := c.Client.CoreV1().Secrets(cluster.Namespace).Update(ctx, broken, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	checks, code = p.Doctor()
+	if _, err := c.Client.CoreV1().Secrets(cluster.Namespace).Update(ctx, secret, metav1.UpdateOptions{}); err != nil {
+		t.Fatalf("putting the webhook's Secret back: %v", err)
+	}
+	if ch := checks["webhook"]; code != 1 || ch.Result != "fail" || !strings.Contains(ch.Detail, "not "+host) {
+		t.Errorf("doctor with a serving certificate for another name: exit %d, webhook %+v; want it failed naming %s", code, ch, host)
 	}
 	deleteNamespace(ctx, t, c, ns)
 }

@@ -2,7 +2,7 @@ package multinode
 
 import (
 	"context"
-	"encoding/json"
+	"strings"
 	"testing"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -71,21 +71,22 @@ func testKubectlPlugin(t *testing.T, c *cluster.Cluster) {
 	if len(vols.Volumes) != 1 || vols.Volumes[0].PV != pv.Name || vols.Volumes[0].Node != node || vols.Volumes[0].StagedOn != node || len(vols.Volumes[0].TargetPaths) != 1 {
 		t.Errorf("volumes -n %s = %+v, want %s attached to, staged and published once on %s", ns, vols.Volumes, pv.Name, node)
 	}
+	// describe follows the claim, its volume and its Pod to the second
+	// node, which staged it.
+	for _, args := range [][]string{{"describe", "pvc", "data", "-n", ns}, {"describe", "pv", pv.Name}, {"describe", "pod", "user", "-n", ns}} {
+		out, code := p.Table(args...)
+		if code != 0 || !strings.Contains(out, pv.Name) || !strings.Contains(out, node) || strings.Contains(out, "Waiting:") {
+			t.Errorf("%s (exit %d): want %s on node %s, waiting for nothing", strings.Join(args, " "), code, pv.Name, node)
+		}
+	}
 	// The webhook has no serving certificate on these clusters (test/cluster's
-	// Webhook scenario makes one), which doctor rightly fails; every other
-	// check passes.
-	out, _ := p.Run("doctor", "-o", "json")
-	var doctor struct {
-		Checks []struct {
-			Name   string `json:"name"`
-			Result string `json:"result"`
-			Detail string `json:"detail"`
-		} `json:"checks"`
+	// Webhook scenario makes one): doctor fails it for exactly that, and
+	// every other check passes.
+	checks, code := p.Doctor()
+	if wh := checks["webhook"]; code != 1 || wh.Result != "fail" || !strings.Contains(wh.Detail, "loopvol-webhook-tls is missing") {
+		t.Errorf("doctor on two nodes without the webhook's Secret: exit %d, webhook %+v; want it failed for the missing Secret", code, wh)
 	}
-	if err := json.Unmarshal([]byte(out), &doctor); err != nil || len(doctor.Checks) == 0 {
-		t.Fatalf("doctor -o json: %v\n%s", err, out)
-	}
-	for _, ch := range doctor.Checks {
+	for _, ch := range checks {
 		if ch.Name != "webhook" && ch.Result != "pass" {
 			t.Errorf("doctor on two healthy nodes: %s is %s: %s", ch.Name, ch.Result, ch.Detail)
 		}

@@ -77,6 +77,32 @@ func (p *Plugin) JSON(v any, args ...string) {
 	}
 }
 
+// Check is one check of `kubectl loopvol doctor -o json`.
+type Check struct {
+	Name   string `json:"name"`
+	Result string `json:"result"`
+	Detail string `json:"detail"`
+	Hint   string `json:"hint"`
+}
+
+// Doctor runs `doctor -o json` and returns its checks by name and its
+// exit code (1 when a check fails).
+func (p *Plugin) Doctor() (map[string]Check, int) {
+	p.t.Helper()
+	out, code := p.Run("doctor", "-o", "json")
+	var report struct {
+		Checks []Check `json:"checks"`
+	}
+	if err := json.Unmarshal([]byte(out), &report); err != nil || len(report.Checks) == 0 {
+		p.t.Fatalf("kubectl-loopvol doctor -o json (exit %d): %v\n%s", code, err, out)
+	}
+	checks := map[string]Check{}
+	for _, c := range report.Checks {
+		checks[c.Name] = c
+	}
+	return checks, code
+}
+
 // Table runs the plugin for its table, checks that every line fits 100
 // columns and carries no colour (its output is no terminal), and returns
 // it with the exit code. describe prints paths whole, to be copied, and
