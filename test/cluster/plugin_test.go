@@ -294,5 +294,9 @@ func testKubectlPlugin(t *testing.T, c *cluster.Cluster) {
 	if ch := checks["webhook"]; code != 1 || ch.Result != "fail" || !strings.Contains(ch.Detail, "not "+host) {
 		t.Errorf("doctor with a serving certificate for another name: exit %d, webhook %+v; want it failed naming %s", code, ch, host)
 	}
+	// Should kubelet have synced the wrong certificate into the sidecar's
+	// directory meanwhile, the scenarios after this one still meet a
+	// webhook the API server trusts.
+	webhookRefusal(ctx, t, c, ns)
 	deleteNamespace(ctx, t, c, ns)
 }

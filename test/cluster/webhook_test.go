@@ -79,15 +79,7 @@ func testWebhook(t *testing.T, c *cluster.Cluster) {
 
 	ns := namespace(t, c, "webhook")
 	dry := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}
-	// Until the EndpointSlice names the controller pod the API server
-	// fails open: wait for the first refusal.
-	var denied error
-	if err := c.Wait(ctx, "a claim larger than any pool refused through the Service", 2*time.Minute, func(ctx context.Context) (bool, error) {
-		_, denied = c.Client.CoreV1().PersistentVolumeClaims(ns).Create(ctx, cluster.Claim(ns, "huge", "loopvol", "100Ti"), dry)
-		return denied != nil, nil
-	}); err != nil {
-		t.Fatal(err)
-	}
+	denied := webhookRefusal(ctx, t, c, ns)
 	if !apierrors.IsForbidden(denied) || !strings.Contains(denied.Error(), `admission webhook "pvc.loopvol.csi.io" denied the request`) ||
 		!strings.Contains(denied.Error(), "largest pool can hold") || !strings.Contains(denied.Error(), "asked 100Ti") {
 		t.Fatalf("the huge claim: %v, want the webhook's refusal with the sizes", denied)
@@ -159,4 +151,22 @@ func reviewCount(ctx context.Context) (int, error) {
 		}
 	}
 	return n, s.Err()
+}
+
+// webhookRefusal waits until the API server reaches the webhook through
+// its Service and returns the webhook's refusal of a claim larger than any
+// pool (a dry run). Until the API server can call it (no endpoint yet, or
+// a certificate it does not trust), the webhook fails open: the claim is
+// admitted, and this tries again.
+func webhookRefusal(ctx context.Context, t *testing.T, c *cluster.Cluster, ns string) error {
+	t.Helper()
+	dry := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}
+	var denied error
+	if err := c.Wait(ctx, "a claim larger than any pool refused through the Service", 2*time.Minute, func(ctx context.Context) (bool, error) {
+		_, denied = c.Client.CoreV1().PersistentVolumeClaims(ns).Create(ctx, cluster.Claim(ns, "huge", "loopvol", "100Ti"), dry)
+		return denied != nil, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return denied
 }
