@@ -188,7 +188,7 @@ func (e *env) servingSecrets(ctx context.Context, ns, name string) ([]string, er
 	var out []string
 	for _, p := range pods.Items {
 		for _, c := range p.Spec.Containers {
-			dir, ok := flagValue(append(slices.Clone(c.Command), c.Args...), certDirFlag)
+			dir, ok := flagValue(containerArgs(c), certDirFlag)
 			if !ok {
 				dir = defaultCertDir
 			}
@@ -208,17 +208,35 @@ func (e *env) servingSecrets(ctx context.Context, ns, name string) ([]string, er
 	return out, nil
 }
 
-// flagValue is the value of flag (--name=value or --name value) in args.
+// flagValue is the value of flag (--name=value or --name value, or with
+// one dash, as Go's flag packages take them) in args.
 func flagValue(args []string, flag string) (string, bool) {
+	short := strings.TrimPrefix(flag, "-")
 	for i, a := range args {
-		if v, ok := strings.CutPrefix(a, flag+"="); ok {
-			return v, true
-		}
-		if a == flag && i+1 < len(args) {
-			return args[i+1], true
+		for _, f := range []string{flag, short} {
+			if v, ok := strings.CutPrefix(a, f+"="); ok {
+				return v, true
+			}
+			if a == f && i+1 < len(args) {
+				return args[i+1], true
+			}
 		}
 	}
 	return "", false
+}
+
+// boolFlag says whether the boolean flag is set in args (--name,
+// --name=true, or with one dash).
+func boolFlag(args []string, flag string) bool {
+	short := strings.TrimPrefix(flag, "-")
+	for _, a := range args {
+		for _, f := range []string{flag, short} {
+			if a == f || a == f+"=true" {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // checkServingCert judges the certificate and key of a kubernetes.io/tls

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"maps"
@@ -263,6 +264,12 @@ func (d *doctorRun) checkWebhook(ctx context.Context) CheckResult {
 	case err != nil:
 		return fail(name, err.Error(), "")
 	case s.config == nil:
+		// overlays/distributed leaves the webhook out with the central
+		// sidecar that would serve it.
+		if pods, err := d.loopvolPods(ctx); err == nil && len(pods) > 0 && !runsController(pods, "webhook") {
+			return pass(name, "not deployed: no loopvol Pod runs the webhook controller, and there is no "+webhookConfiguration+
+				" to call it (the admission policies still check)")
+		}
 		return fail(name, "ValidatingWebhookConfiguration "+webhookConfiguration+" is missing",
 			"apply deploy/kubernetes/base/admission/webhook.yaml (through your overlay)")
 	}
@@ -368,65 +375,189 @@ func (d *doctorRun) checkPolicies(ctx context.Context) CheckResult {
 // access is one request a ServiceAccount must be allowed.
 type access struct {
 	verb, group, resource, subresource, name string
-	// namespaced requests are in the driver's namespace.
-	namespaced bool
+	// namespace of the request: "" for a cluster-wide one.
+	namespace string
 }
 
-// serviceAccountAccess is, for each ServiceAccount of
-// deploy/kubernetes/base/serviceaccounts.yaml, a few requests its RBAC
-// (deploy/kubernetes/base/rbac-*.yaml) must allow: one per controller it
-// runs. The node plugin's account needs none in the base.
-var serviceAccountAccess = map[string][]access{
-	"loopvol-controller": {
-		{verb: "patch", group: "storage.k8s.io", resource: "volumeattachments", subresource: "status"},
-		{verb: "patch", resource: "persistentvolumes"},
-		{verb: "create", resource: "persistentvolumes"},
-		{verb: "patch", resource: "persistentvolumeclaims", subresource: "status"},
-		{verb: "list", group: "storage.k8s.io", resource: "csinodes"},
-		{verb: "create", group: "storage.k8s.io", resource: "csistoragecapacities", namespaced: true},
-		{verb: "update", group: "coordination.k8s.io", resource: "leases", namespaced: true},
-		{verb: "patch", group: "admissionregistration.k8s.io", resource: "validatingwebhookconfigurations", name: webhookConfiguration},
-	},
-	"loopvol-node": nil,
+func (a access) String() string {
+	res := a.resource
+	if a.subresource != "" {
+		res += "/" + a.subresource
+	}
+	if a.namespace != "" {
+		res += " in " + a.namespace
+	}
+	return a.verb + " " + res
+}
+
+// controllerAccess is, for each controller of loopvol's sidecar
+// (--controllers), one request its RBAC (deploy/kubernetes/base/rbac-*.yaml,
+// components/fencing) must allow: the write it cannot work without.
+// Namespaced ones are in the driver's namespace (ns).
+func controllerAccess(ns string) map[string][]access {
+	return map[string][]access{
+		"attach":    {{verb: "patch", group: "storage.k8s.io", resource: "volumeattachments", subresource: "status"}},
+		"capacity":  {{verb: "create", group: "storage.k8s.io", resource: "csistoragecapacities", namespace: ns}},
+		"resizer":   {{verb: "patch", resource: "persistentvolumeclaims", subresource: "status"}},
+		"webhook":   {{verb: "patch", group: "admissionregistration.k8s.io", resource: "validatingwebhookconfigurations", name: webhookConfiguration}},
+		"placement": {{verb: "list", resource: "pods"}},
+		"fencing":   {{verb: "patch", resource: "nodes"}, {verb: "list", group: "coordination.k8s.io", resource: "leases", namespace: ns}},
+	}
+}
+
+// need is a request one container's ServiceAccount must be allowed, and why.
+type need struct {
+	serviceAccount string
+	access         access
+	// by names the container and what in it needs the access.
+	by string
+}
+
+// rbacNeeds is what the containers of loopvol's Pods in the driver's
+// namespace need of the API, by what each runs: the sidecar's controllers
+// (and, but with --node-deployment, the Lease of its leader election), the
+// registrar writing CSINode itself (--csinode-mode=direct), csi-provisioner,
+// and the node plugin's heartbeat (--heartbeat-namespace). The same image
+// runs centrally or on every node (overlays/distributed binds the
+// controllers' roles to the node plugin's account): what the Pods run says
+// which account needs what. Without a Pod of loopvol, the base's
+// deployment is assumed.
+func (d *doctorRun) rbacNeeds(ctx context.Context) ([]need, error) {
+	ns := d.opts.driverNamespace
+	pods, err := d.loopvolPods(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if len(pods) == 0 {
+		pods = append(pods, corev1.Pod{Spec: corev1.PodSpec{ServiceAccountName: "loopvol-controller", Containers: []corev1.Container{
+			{Name: "sidecar", Args: []string{"--controllers=attach,capacity,resizer,webhook,placement", "--leader-election"}},
+			{Name: "csi-provisioner", Args: []string{"--leader-election"}}}}})
+	}
+	byController := controllerAccess(ns)
+	lease := access{verb: "update", group: "coordination.k8s.io", resource: "leases", namespace: ns}
+	var out []need
+	add := func(sa string, a access, by string) {
+		for _, n := range out {
+			if n.serviceAccount == sa && n.access == a {
+				return
+			}
+		}
+		out = append(out, need{serviceAccount: sa, access: a, by: by})
+	}
+	for _, p := range pods {
+		sa := cmp.Or(p.Spec.ServiceAccountName, "default")
+		for _, c := range p.Spec.Containers {
+			args := containerArgs(c)
+			if list, ok := flagValue(args, "--controllers"); ok {
+				elected := boolFlag(args, "--leader-election")
+				for _, ctrl := range strings.Split(list, ",") {
+					for _, a := range byController[ctrl] {
+						add(sa, a, ctrl)
+					}
+					if mode, _ := flagValue(args, "--csinode-mode"); ctrl == "registrar" && mode == "direct" {
+						add(sa, access{verb: "patch", group: "storage.k8s.io", resource: "csinodes"}, "registrar --csinode-mode=direct")
+					}
+					if ctrl != "registrar" && ctrl != "webhook" && elected {
+						add(sa, lease, ctrl+"'s leader election")
+					}
+				}
+			}
+			if c.Name == "csi-provisioner" {
+				add(sa, access{verb: "create", resource: "persistentvolumes"}, "csi-provisioner")
+				add(sa, access{verb: "list", group: "storage.k8s.io", resource: "csinodes"}, "csi-provisioner")
+				if boolFlag(args, "--leader-election") {
+					add(sa, lease, "csi-provisioner's leader election")
+				}
+			}
+			if hb, ok := flagValue(args, "--heartbeat-namespace"); ok && hb != "" {
+				add(sa, access{verb: "update", group: "coordination.k8s.io", resource: "leases", namespace: hb}, "the node plugin's heartbeat")
+			}
+		}
+	}
+	return out, nil
+}
+
+// loopvolPods are the Pods of loopvol in the driver's namespace.
+func (e *env) loopvolPods(ctx context.Context) ([]corev1.Pod, error) {
+	pods, err := e.kube.CoreV1().Pods(e.opts.driverNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=loopvol"})
+	if err != nil {
+		return nil, fmt.Errorf("list loopvol's Pods: %w", err)
+	}
+	return pods.Items, nil
+}
+
+// containerArgs is a container's command line (command and args).
+func containerArgs(c corev1.Container) []string { return append(slices.Clone(c.Command), c.Args...) }
+
+// runsController says whether a container of pods runs the sidecar's
+// controller ctrl (--controllers).
+func runsController(pods []corev1.Pod, ctrl string) bool {
+	for _, p := range pods {
+		for _, c := range p.Spec.Containers {
+			if list, ok := flagValue(containerArgs(c), "--controllers"); ok && slices.Contains(strings.Split(list, ","), ctrl) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 func (d *doctorRun) checkRBAC(ctx context.Context) CheckResult {
 	const name = "rbac"
+	needs, err := d.rbacNeeds(ctx)
+	if err != nil {
+		return fail(name, err.Error(), "")
+	}
 	var denied []string
-	for _, sa := range slices.Sorted(maps.Keys(serviceAccountAccess)) {
-		if _, err := d.kube.CoreV1().ServiceAccounts(d.opts.driverNamespace).Get(ctx, sa, metav1.GetOptions{}); err != nil {
-			denied = append(denied, fmt.Sprintf("ServiceAccount %s: %v", sa, err))
+	missing := map[string]error{}
+	for _, n := range needs {
+		if _, seen := missing[n.serviceAccount]; !seen {
+			_, err := d.kube.CoreV1().ServiceAccounts(d.opts.driverNamespace).Get(ctx, n.serviceAccount, metav1.GetOptions{})
+			missing[n.serviceAccount] = err
+			if err != nil {
+				denied = append(denied, fmt.Sprintf("ServiceAccount %s: %v", n.serviceAccount, err))
+			}
+		}
+		if missing[n.serviceAccount] != nil {
 			continue
 		}
-		for _, a := range serviceAccountAccess[sa] {
-			ra := &authorizationv1.ResourceAttributes{Verb: a.verb, Group: a.group, Resource: a.resource, Subresource: a.subresource, Name: a.name}
-			if a.namespaced {
-				ra.Namespace = d.opts.driverNamespace
-			}
-			sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
-				User:               "system:serviceaccount:" + d.opts.driverNamespace + ":" + sa,
-				Groups:             []string{"system:serviceaccounts", "system:serviceaccounts:" + d.opts.driverNamespace, "system:authenticated"},
-				ResourceAttributes: ra,
-			}}
-			got, err := d.kube.AuthorizationV1().SubjectAccessReviews().Create(ctx, sar, metav1.CreateOptions{})
-			if err != nil {
-				return fail(name, "SubjectAccessReview: "+err.Error(), "doctor needs to create subjectaccessreviews (docs/kubectl-plugin.md, RBAC)")
-			}
-			if !got.Status.Allowed {
-				res := a.resource
-				if a.subresource != "" {
-					res += "/" + a.subresource
-				}
-				denied = append(denied, sa+" cannot "+a.verb+" "+res)
-			}
+		a := n.access
+		sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+			User:   "system:serviceaccount:" + d.opts.driverNamespace + ":" + n.serviceAccount,
+			Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + d.opts.driverNamespace, "system:authenticated"},
+			ResourceAttributes: &authorizationv1.ResourceAttributes{Verb: a.verb, Group: a.group, Resource: a.resource,
+				Subresource: a.subresource, Name: a.name, Namespace: a.namespace},
+		}}
+		got, err := d.kube.AuthorizationV1().SubjectAccessReviews().Create(ctx, sar, metav1.CreateOptions{})
+		if err != nil {
+			return fail(name, "SubjectAccessReview: "+err.Error(), "doctor needs to create subjectaccessreviews (docs/kubectl-plugin.md, RBAC)")
+		}
+		if !got.Status.Allowed {
+			denied = append(denied, fmt.Sprintf("%s cannot %s (%s)", n.serviceAccount, a, n.by))
 		}
 	}
 	if len(denied) > 0 {
 		return fail(name, listNames(denied),
-			"apply the ClusterRoles, Roles and bindings of deploy/kubernetes/base/rbac-*.yaml (through your overlay);"+
+			"apply the ClusterRoles, Roles and bindings of deploy/kubernetes/base/rbac-*.yaml (and components/fencing with fencing) through your overlay;"+
 				" in another namespace than loopvol, the bindings' subjects must name it")
 	}
-	return pass(name, "the ServiceAccounts have the access their controllers need")
+	// Who needs what, without the Leases each elected one also needs.
+	var accounts []string
+	users := map[string][]string{}
+	for _, n := range needs {
+		if !slices.Contains(accounts, n.serviceAccount) {
+			accounts = append(accounts, n.serviceAccount)
+		}
+		if !strings.HasSuffix(n.by, "leader election") && !slices.Contains(users[n.serviceAccount], n.by) {
+			users[n.serviceAccount] = append(users[n.serviceAccount], n.by)
+		}
+	}
+	slices.Sort(accounts)
+	var who []string
+	for _, sa := range accounts {
+		who = append(who, sa+" ("+strings.Join(users[sa], ", ")+")")
+	}
+	return pass(name, fmt.Sprintf("%d requests allowed to what runs: %s", len(needs), strings.Join(who, "; ")))
 }
 
 func (d *doctorRun) checkPluginsWhereUsed(ctx context.Context) CheckResult {

@@ -200,6 +200,72 @@ func TestDoctor(t *testing.T) {
 		{name: "the serving certificate trusted by the caBundle → webhook passes with its Secret and last day",
 			change: healthy,
 			check:  "webhook", result: resultPass, detail: "serving certificate loopvol/loopvol-webhook-tls (" + webhookHost + ", until 2026-07-30)"},
+		{name: "controllers on every node (overlays/distributed) → rbac judges the node plugin's account, not the unused controller's",
+			change: func(f *fixture) {
+				healthy(f)
+				distributed(f)
+				f.denied["loopvol-controller patch volumeattachments/status"] = true
+			},
+			check: "rbac", result: resultPass, detail: "loopvol-node (attach, capacity, resizer, placement)"},
+		{name: "no webhook and nothing to serve one (overlays/distributed) → webhook passes as not deployed",
+			change: func(f *fixture) { healthy(f); distributed(f) },
+			check:  "webhook", result: resultPass, detail: "not deployed"},
+		{name: "webhook configuration gone while the sidecar serves one → webhook fails",
+			change: func(f *fixture) { healthy(f); f.remove("ValidatingWebhookConfiguration", webhookConfiguration) },
+			check:  "webhook", result: resultFail, detail: "is missing"},
+		{name: "controllers on every node, the node account not bound → rbac fails naming it and the controller",
+			change: func(f *fixture) {
+				healthy(f)
+				distributed(f)
+				f.denied["loopvol-node patch volumeattachments/status"] = true
+			},
+			check: "rbac", result: resultFail, detail: "loopvol-node cannot patch volumeattachments/status (attach)"},
+		{name: "the node plugin's heartbeat without its Lease role → rbac fails naming it",
+			change: func(f *fixture) {
+				healthy(f)
+				for _, o := range f.objects {
+					if p, ok := o.(*corev1.Pod); ok && p.Labels["app.kubernetes.io/component"] == "node" {
+						p.Spec.Containers[0].Args = []string{"--mode=node", "--heartbeat-namespace=loopvol"}
+					}
+				}
+				f.denied["loopvol-node update leases"] = true
+			},
+			check: "rbac", result: resultFail, detail: "loopvol-node cannot update leases in loopvol (the node plugin's heartbeat)"},
+		{name: "the fencing controller without components/fencing's role → rbac fails naming it",
+			change: func(f *fixture) {
+				healthy(f)
+				for _, o := range f.objects {
+					if p, ok := o.(*corev1.Pod); ok && p.Name == "loopvol-controller-0" {
+						p.Spec.Containers[0].Args[0] += ",fencing"
+					}
+				}
+				f.denied["loopvol-controller patch nodes"] = true
+			},
+			check: "rbac", result: resultFail, detail: "loopvol-controller cannot patch nodes (fencing)"},
+		{name: "the registrar writing CSINode itself without its role → rbac fails naming it",
+			change: func(f *fixture) {
+				healthy(f)
+				for _, o := range f.objects {
+					if p, ok := o.(*corev1.Pod); ok && p.Labels["app.kubernetes.io/component"] == "node" {
+						p.Spec.Containers[1].Args = []string{"--controllers=registrar", "--csinode-mode", "direct"}
+					}
+				}
+				f.denied["loopvol-node patch csinodes"] = true
+			},
+			check: "rbac", result: resultFail, detail: "loopvol-node cannot patch csinodes (registrar --csinode-mode=direct)"},
+		{name: "no loopvol Pod → rbac judges the base's deployment",
+			change: func(f *fixture) {
+				healthy(f)
+				f.denied["loopvol-controller create persistentvolumes"] = true
+				out := f.objects[:0]
+				for _, o := range f.objects {
+					if p, ok := o.(*corev1.Pod); !ok || p.Namespace != testNS {
+						out = append(out, o)
+					}
+				}
+				f.objects = out
+			},
+			check: "rbac", result: resultFail, detail: "loopvol-controller cannot create persistentvolumes (csi-provisioner)"},
 		{name: "no ready endpoint → webhook fails",
 			change: func(f *fixture) {
 				healthy(f)
@@ -282,5 +348,21 @@ func TestDoctor(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// distributed lays the fixture out as overlays/distributed does: no
+// controller Pod, and so no webhook, and the sidecar's controllers in every
+// node plugin Pod, under the node plugin's account.
+func distributed(f *fixture) {
+	f.remove("Pod", "loopvol-controller-0")
+	f.remove("ValidatingWebhookConfiguration", webhookConfiguration)
+	f.remove("Service", "loopvol-webhook")
+	f.remove("EndpointSlice", "loopvol-webhook-x8v2k")
+	f.remove("Secret", "loopvol-webhook-tls")
+	for _, o := range f.objects {
+		if p, ok := o.(*corev1.Pod); ok && p.Labels["app.kubernetes.io/component"] == "node" {
+			p.Spec.Containers[1].Args = []string{"--controllers=attach,capacity,resizer,registrar,placement", "--node-deployment"}
+		}
 	}
 }

@@ -290,7 +290,8 @@ func pluginPod(name, nodeName string) *corev1.Pod {
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: testNS,
 			Labels: map[string]string{"app.kubernetes.io/name": "loopvol", "app.kubernetes.io/component": "node"}},
-		Spec: corev1.PodSpec{NodeName: nodeName, Containers: []corev1.Container{{Name: "driver"}, {Name: "registrar"}}},
+		Spec: corev1.PodSpec{NodeName: nodeName, ServiceAccountName: "loopvol-node", Containers: []corev1.Container{{Name: "driver"},
+			{Name: "registrar", Command: []string{"/attacher"}, Args: []string{"--controllers=registrar", "--csinode-mode=kubelet"}}}},
 		Status: corev1.PodStatus{Phase: corev1.PodRunning, Conditions: []corev1.PodCondition{
 			{Type: corev1.PodReady, Status: corev1.ConditionTrue}}},
 	}
@@ -397,9 +398,11 @@ func webhookService() *corev1.Service {
 func controllerPod() *corev1.Pod {
 	return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "loopvol-controller-0", Namespace: testNS,
 		Labels: map[string]string{"app.kubernetes.io/name": "loopvol", "app.kubernetes.io/component": "controller"}},
-		Spec: corev1.PodSpec{NodeName: "worker-1",
-			Containers: []corev1.Container{{Name: "sidecar", Args: []string{"--controllers=attach,capacity,webhook", "--webhook-cert-dir=/etc/loopvol/webhook-tls"},
-				VolumeMounts: []corev1.VolumeMount{{Name: "webhook-tls", MountPath: "/etc/loopvol/webhook-tls", ReadOnly: true}}}},
+		Spec: corev1.PodSpec{NodeName: "worker-1", ServiceAccountName: "loopvol-controller",
+			Containers: []corev1.Container{{Name: "sidecar", Command: []string{"/attacher"},
+				Args:         []string{"--controllers=attach,capacity,resizer,webhook,placement", "--leader-election", "--webhook-cert-dir=/etc/loopvol/webhook-tls"},
+				VolumeMounts: []corev1.VolumeMount{{Name: "webhook-tls", MountPath: "/etc/loopvol/webhook-tls", ReadOnly: true}}},
+				{Name: "csi-provisioner", Args: []string{"--csi-address=/csi/csi.sock", "--leader-election"}}},
 			Volumes: []corev1.Volume{{Name: "webhook-tls", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: "loopvol-webhook-tls"}}}}},
 		Status: corev1.PodStatus{Phase: corev1.PodRunning}}
 }
