@@ -26,6 +26,7 @@ import (
 func TestDistributed(t *testing.T) {
 	c, _ := up(t, true, "distributed")
 	t.Run("CapacityPerNode", func(t *testing.T) { testCapacityPerNode(t, c) })
+	t.Run("Doctor", func(t *testing.T) { testDoctorDistributed(t, c) })
 	t.Run("MadeWhereScheduled", func(t *testing.T) { testMadeWhereScheduled(t, c) })
 	t.Run("ScheduledByCapacity", func(t *testing.T) { testScheduledByCapacity(t, c) })
 	t.Run("DrainLocal", func(t *testing.T) { testDrainLocal(t, c) })
@@ -265,4 +266,28 @@ func preferNode(name string) *corev1.Affinity {
 			Preference: corev1.NodeSelectorTerm{MatchExpressions: []corev1.NodeSelectorRequirement{{Key: corev1.LabelHostname, Operator: corev1.NodeSelectorOpIn, Values: []string{name}}}},
 		}},
 	}}
+}
+
+// testDoctorDistributed: kubectl loopvol doctor passes on the distributed
+// layout, judging it by what runs there: the controllers' rights are the
+// node plugin's account's (the controller's account is bound to nothing),
+// and the webhook, left out with the central sidecar, is not deployed.
+func testDoctorDistributed(t *testing.T, c *cluster.Cluster) {
+	p := clustertest.NewPlugin(t, c)
+	checks, code := p.Doctor()
+	for _, ch := range checks {
+		if ch.Result != "pass" {
+			t.Errorf("doctor on the distributed layout: %s is %s: %s", ch.Name, ch.Result, ch.Detail)
+		}
+	}
+	if code != 0 {
+		t.Errorf("doctor on the distributed layout exited %d", code)
+	}
+	if ch := checks["rbac"]; !strings.Contains(ch.Detail, "loopvol-node (") || strings.Contains(ch.Detail, "loopvol-controller") {
+		t.Errorf("doctor's rbac on the distributed layout: %q, want the node plugin's account judged, not the controller's", ch.Detail)
+	}
+	if ch := checks["webhook"]; !strings.Contains(ch.Detail, "not deployed") {
+		t.Errorf("doctor's webhook on the distributed layout: %q, want it not deployed", ch.Detail)
+	}
+	p.Table("doctor")
 }
