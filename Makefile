@@ -68,7 +68,9 @@ run: build ##@ Start the driver (all services) on pool ./_run/pool, socket ./_ru
 # control plane of their own on loopback), then test-multinode (a cluster of
 # nodes: internal/harness/cluster runs one of each kind at once, each in a
 # network namespace of its own, and never two of a kind). A background
-# part's log is printed when it ends (bin/tools.log, bin/beside.log).
+# part's log is printed when it ends (bin/tools.log, bin/beside.log). The
+# suites of a stream are independent: one failing, the next still runs
+# (--keep-going), so that one run shows every failure.
 TEST_NO_TOOLS := test-fmt test-vet test-logcheck test-unit test-sanity test-monitoring test-helm test-krew
 TEST_ONE_NODE := test-cluster test-e2e-k8s
 TEST_BESIDE := test-envtest test-e2e test-multinode
@@ -90,8 +92,8 @@ test: ##@ Run every check and test (root: real loop devices, mounts and the real
 	wait $$tools; rc=$$?; bg=(); cat $(BIN)/tools.log; [ $$rc -eq 0 ] || exit $$rc; \
 	$(MAKE) --no-print-directory test-images build e2e-k8s-images || exit 1; \
 	echo "### test: $(TEST_BESIDE) beside $(TEST_ONE_NODE) (bin/beside.log)"; \
-	setsid $(MAKE) --no-print-directory PREBUILT=1 $(TEST_BESIDE) >$(BIN)/beside.log 2>&1 & beside=$$!; bg=($$beside); \
-	$(MAKE) --no-print-directory PREBUILT=1 $(TEST_ONE_NODE); rc=$$?; \
+	setsid $(MAKE) --no-print-directory --keep-going PREBUILT=1 $(TEST_BESIDE) >$(BIN)/beside.log 2>&1 & beside=$$!; bg=($$beside); \
+	$(MAKE) --no-print-directory --keep-going PREBUILT=1 $(TEST_ONE_NODE); rc=$$?; \
 	wait $$beside; brc=$$?; bg=(); echo "### test: $(TEST_BESIDE) (bin/beside.log)"; cat $(BIN)/beside.log; \
 	[ $$rc -eq 0 ] || exit $$rc; exit $$brc
 
