@@ -1,8 +1,11 @@
 package main
 
 import (
+	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -147,29 +150,34 @@ func TestCertManager(t *testing.T) {
 	}
 }
 
-// TestPrometheusRule: with monitoring.prometheusRule.enabled the chart's
-// PrometheusRule is deploy/monitoring/prometheusrule.yaml in the release's
-// namespace, its Prometheus templates ({{ $labels.pool }}) passed through
-// Helm untouched, with the ruleSelector's labels added.
-func TestPrometheusRule(t *testing.T) {
-	data, err := os.ReadFile(filepath.Join(repo, "deploy", "monitoring", "prometheusrule.yaml"))
-	if err != nil {
-		t.Fatal(err)
+// TestMonitoringObjects: with monitoring.prometheusRule.enabled and
+// monitoring.podMonitors.enabled the chart's PrometheusRule and PodMonitors
+// are deploy/monitoring's prometheusrule.yaml and podmonitors.yaml in the
+// release's namespace, with the selectors' labels added; the rule's
+// Prometheus templates ({{ $labels.pool }}) pass through Helm untouched.
+func TestMonitoringObjects(t *testing.T) {
+	want := map[string]object{}
+	for _, file := range []string{"prometheusrule.yaml", "podmonitors.yaml"} {
+		data, err := os.ReadFile(filepath.Join(repo, "deploy", "monitoring", file))
+		if err != nil {
+			t.Fatal(err)
+		}
+		objs, err := parseObjects(data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, o := range objs {
+			meta := o["metadata"].(map[string]any)
+			meta["namespace"] = "storage"
+			meta["labels"].(map[string]any)["release"] = "prometheus"
+			want[fmt.Sprintf("%s/%s storage/%s", o["apiVersion"], o["kind"], meta["name"])] = o
+		}
 	}
-	want, err := parseObjects(data)
-	if err != nil {
-		t.Fatal(err)
+	if len(want) != 3 {
+		t.Fatalf("deploy/monitoring holds %d PrometheusRules and PodMonitors, want 3: %v", len(want), slices.Collect(maps.Keys(want)))
 	}
-	const key = "monitoring.coreos.com/v1/PrometheusRule storage/loopvol"
-	for _, o := range want {
-		meta := o["metadata"].(map[string]any)
-		meta["namespace"] = "storage"
-		meta["labels"].(map[string]any)["release"] = "prometheus"
-		want = map[string]object{key: o}
-	}
-	vals := map[string]any{"monitoring": map[string]any{"prometheusRule": map[string]any{
-		"enabled": true, "labels": map[string]any{"release": "prometheus"},
-	}}}
+	selector := map[string]any{"enabled": true, "labels": map[string]any{"release": "prometheus"}}
+	vals := map[string]any{"monitoring": map[string]any{"prometheusRule": selector, "podMonitors": selector}}
 	manifest, err := renderChart(chartPath, vals, "storage")
 	if err != nil {
 		t.Fatal(err)
@@ -178,7 +186,7 @@ func TestPrometheusRule(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, f := range compareObjects(want, got, func(k string) bool { return k != key }) {
+	for _, f := range compareObjects(want, got, func(k string) bool { _, ok := want[k]; return !ok }) {
 		t.Error(f)
 	}
 	if !strings.Contains(manifest, "{{ $labels.pool }}") {

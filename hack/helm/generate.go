@@ -17,7 +17,7 @@ import (
 // The chart's templates/generated/ is made from the kustomize sources by
 // `go -C hack/helm run . -write`: the RBAC, the CSIDriver, the admission
 // policies, the webhook configuration, what the fencing and snapshotter
-// components add, and deploy/monitoring's PrometheusRule. Those carry no
+// components add, and deploy/monitoring's PrometheusRule and PodMonitors. Those carry no
 // value a user sets but the namespace and whether they are installed, so
 // the kustomize files stay their one source, comments and all. The objects
 // that values shape (the workloads, the ServiceAccounts, the
@@ -118,6 +118,17 @@ func generate(repo string) (map[string][]byte, error) {
 		return nil, fmt.Errorf("monitoring/prometheusrule.yaml: %w", err)
 	}
 	out["monitoring_prometheusrule.yaml"] = tpl
+	// So are the PodMonitors, as monitoring.podMonitors.enabled.
+	monitors := kustomization{
+		cond:          ".Values.monitoring.podMonitors.enabled",
+		namespaced:    true,
+		labelsInclude: "loopvol.podMonitorLabels",
+	}
+	tpl, err = generateFile(repo, "monitoring/podmonitors.yaml", monitors)
+	if err != nil {
+		return nil, fmt.Errorf("monitoring/podmonitors.yaml: %w", err)
+	}
+	out["monitoring_podmonitors.yaml"] = tpl
 	return out, nil
 }
 

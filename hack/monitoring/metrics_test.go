@@ -186,8 +186,12 @@ func exprMetrics(expr string) ([]string, error) {
 
 // known tells whether name is a metric of the inventory, or a series of
 // one of its histograms, or a recording rule of rules.yaml.
+// prometheusSeries are the series Prometheus itself writes for each
+// target, which rules may name too.
+var prometheusSeries = []string{"up"}
+
 func known(inv map[string]string, recorded map[string]bool, name string) bool {
-	if _, ok := inv[name]; ok || recorded[name] {
+	if _, ok := inv[name]; ok || recorded[name] || slices.Contains(prometheusSeries, name) {
 		return true
 	}
 	for _, suffix := range []string{"_bucket", "_sum", "_count"} {

@@ -141,3 +141,14 @@ ruleSelector looks for.
 {{ toYaml . }}
 {{- end }}
 {{- end }}
+
+{{/*
+The PodMonitors' labels: Helm's, and those a Prometheus Operator's
+podMonitorSelector looks for.
+*/}}
+{{- define "loopvol.podMonitorLabels" -}}
+{{ include "loopvol.helmLabels" . }}
+{{- with .Values.monitoring.podMonitors.labels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
