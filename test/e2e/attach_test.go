@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"slices"
+	"strings"
 	"testing"
 	"time"
 )
@@ -63,7 +64,12 @@ func TestAttachDetach(t *testing.T) {
 	expectCount(t, "attacher ControllerPublishVolume OK calls", am.sidecarCalls(methodPublish, "OK"), n+1)
 	expectCount(t, "attacher attaches", am.attaches(), n+1)
 	expectCount(t, "attacher attach errors", am.attachErrors(), 0)
-	expectCount(t, "attacher reconcile re-syncs (nothing disagreed)", am.reconcileResyncs(), 0)
+	if resyncs := am.reconcileResyncs(); resyncs != 0 {
+		// What the reconcile saw, and what the driver could not read while
+		// it listed: the lines the log's tail would not show.
+		t.Errorf("attacher reconcile re-syncs (nothing disagreed): %g, want 0; the attacher's reasons:\n%s\nthe driver's unreadable records:\n%s",
+			resyncs, linesWith(a.Log(), "disagrees with the driver"), linesWith(r.driver.Log(), "cannot be read"))
+	}
 
 	start = time.Now()
 	r.deleteVAs(names)
@@ -85,4 +91,15 @@ func expectCount(t *testing.T, what string, got, want float64) {
 	if got != want {
 		t.Errorf("%s: %g, want %g", what, got, want)
 	}
+}
+
+// linesWith is the lines of log that contain substr.
+func linesWith(log, substr string) string {
+	var out strings.Builder
+	for l := range strings.Lines(log) {
+		if strings.Contains(l, substr) {
+			out.WriteString(l)
+		}
+	}
+	return out.String()
 }
