@@ -415,7 +415,7 @@ type need struct {
 
 // rbacNeeds is what the containers of loopvol's Pods in the driver's
 // namespace need of the API, by what each runs: the sidecar's controllers
-// (and, but with --node-deployment, the Lease of its leader election), the
+// (and, with --leader-election, their Leases), the
 // registrar writing CSINode itself (--csinode-mode=direct), csi-provisioner,
 // and the node plugin's heartbeat (--heartbeat-namespace). The same image
 // runs centrally or on every node (overlays/distributed binds the

@@ -36,7 +36,7 @@ const (
 	DirsLockPath = "/run/lock/loopvol-cluster-dirs.lock"
 )
 
-// clusterLockPath is the lock of a cluster of nodes nodes.
+// clusterLockPath is the lock of a cluster of that many nodes.
 func clusterLockPath(nodes int) string {
 	if nodes > 1 {
 		return NodesLockPath
