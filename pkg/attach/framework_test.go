@@ -312,13 +312,16 @@ func newFixture(t *testing.T, caps csiclient.Capabilities, objs ...runtime.Objec
 	return f
 }
 
-// cache puts obj into the informer cache, as a watch event would.
+// cache puts obj into the informer cache, as a watch event would, and
+// counts a VolumeAttachment as received by the handlers (without queuing
+// it: the controller has seen it before).
 func (f *fixture) cache(obj runtime.Object) {
 	f.T.Helper()
 	var idx cache.Indexer
-	switch obj.(type) {
+	switch o := obj.(type) {
 	case *storagev1.VolumeAttachment:
 		idx = f.c.vaIndexer
+		f.c.state.deliver(o.Name, o.ResourceVersion)
 	case *corev1.PersistentVolume:
 		idx = f.c.pvInformer.GetIndexer()
 	case *storagev1.CSINode:

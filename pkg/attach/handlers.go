@@ -65,6 +65,7 @@ func (c *Controller) addEventHandlers(logger klog.Logger, va, pv, csiNode cache.
 
 func (c *Controller) vaAdded(obj any) {
 	if va, ok := obj.(*storagev1.VolumeAttachment); ok {
+		c.delivered(va)
 		c.enqueueVA(va)
 	}
 }
@@ -72,8 +73,19 @@ func (c *Controller) vaAdded(obj any) {
 func (c *Controller) vaUpdated(oldObj, newObj any) {
 	old, ok1 := oldObj.(*storagev1.VolumeAttachment)
 	va, ok2 := newObj.(*storagev1.VolumeAttachment)
+	if ok2 {
+		c.delivered(va)
+	}
 	if ok1 && ok2 && shouldEnqueueVAChange(old, va) {
 		c.enqueueVA(va)
+	}
+}
+
+// delivered notes that the handlers received va (the reconcile judges only
+// such objects).
+func (c *Controller) delivered(va *storagev1.VolumeAttachment) {
+	if c.ours(va) {
+		c.state.deliver(va.Name, va.ResourceVersion)
 	}
 }
 
@@ -127,6 +139,7 @@ func (c *Controller) vaDeleted(obj any) {
 		return
 	}
 	c.forget(va.Name)
+	c.state.undeliver(va.Name)
 	c.attachQ.Drop(va.Name)
 	c.detachQ.Drop(va.Name)
 	// The PV may be waiting for its last VolumeAttachment to go.

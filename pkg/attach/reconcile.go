@@ -9,8 +9,8 @@ import (
 )
 
 // reconcile compares the driver's ListVolumes published_node_ids with the
-// VolumeAttachments the controller believes done (live, not pending, not
-// written since the driver was asked) and sends every one that disagrees
+// VolumeAttachments the controller believes done (live, seen by its event
+// handlers, not pending, not written since the driver was asked) and sends every one that disagrees
 // through the normal sync, marked so that it publishes again even when its
 // status says attached. A live object wants its volume attached and
 // published; so both "status attached, driver has no record" (the driver
@@ -46,8 +46,12 @@ func (c *Controller) reconcile(ctx context.Context) {
 	}
 	repaired := 0
 	for _, va := range vas {
+		// Judged only once the handlers have this version: the cache
+		// holds a new object before its add event queues it, and a
+		// burst of them can wait there past a pass.
 		_, wrote := c.state.written.Last(va.Name)
 		if va.Spec.Attacher != c.cfg.DriverName || va.DeletionTimestamp != nil ||
+			!c.state.isDelivered(va.Name, va.ResourceVersion) ||
 			c.pending.has(va.Name) || !wrote.Before(asked) ||
 			c.state.written.Stale(va.Name, va.ResourceVersion) {
 			continue

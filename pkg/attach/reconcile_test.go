@@ -73,6 +73,22 @@ func TestReconcile(t *testing.T) {
 			wantAfter: storagev1.VolumeAttachmentStatus{},
 		},
 		{
+			name:      "new VA in the cache before its add event reached the handlers → judged once it has",
+			caps:      allCaps,
+			objs:      []runtime.Object{done(), pv},
+			setup:     func(f *fixture) { f.c.state.undeliver("va1") },
+			wantCSI:   []csiCall{listed},
+			wantAfter: storagev1.VolumeAttachmentStatus{},
+		},
+		{
+			name:      "the cache a version ahead of the handlers → judged once they have it",
+			caps:      allCaps,
+			objs:      []runtime.Object{done(), pv},
+			setup:     func(f *fixture) { f.c.state.deliver("va1", "2") },
+			wantCSI:   []csiCall{listed},
+			wantAfter: storagev1.VolumeAttachmentStatus{},
+		},
+		{
 			name:      "written after the driver was asked → judged at the next pass",
 			caps:      allCaps,
 			objs:      []runtime.Object{done(attached(nil)), pv},

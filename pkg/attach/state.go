@@ -143,10 +143,37 @@ type vaState struct {
 	mu      sync.Mutex
 	force   map[string]string        // key → resourceVersion the reconcile judged
 	timeout map[string]time.Duration // key → timeout of its next driver call
+	// delivered is, per key, the resourceVersion the event handlers last
+	// received: the informer's cache holds an object before its handlers
+	// run, and under load they run well after.
+	delivered map[string]string
 }
 
 func newVAState() *vaState {
-	return &vaState{written: kube.NewWrites[string](1), force: map[string]string{}, timeout: map[string]time.Duration{}}
+	return &vaState{written: kube.NewWrites[string](1), force: map[string]string{}, timeout: map[string]time.Duration{},
+		delivered: map[string]string{}}
+}
+
+// deliver records that the event handlers received key at resourceVersion
+// rv; undeliver forgets key when its delete event came.
+func (s *vaState) deliver(key, rv string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.delivered[key] = rv
+}
+
+func (s *vaState) undeliver(key string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.delivered, key)
+}
+
+// isDelivered says whether the event handlers received key at
+// resourceVersion rv.
+func (s *vaState) isDelivered(key, rv string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.delivered[key] == rv
 }
 
 // setForce records that the reconcile found key (at resourceVersion rv)
