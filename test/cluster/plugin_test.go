@@ -284,11 +284,14 @@ func testKubectlPlugin(t *testing.T, c *cluster.Cluster) {
 	wrong := testcert.New(t, []string{"loopvol-webhook.elsewhere.svc"}, nil)
 	broken := secret.DeepCopy()
 	broken.Data[testcert.CertFile], broken.Data[testcert.KeyFile] = wrong.Cert, wrong.Key
-	if _, err := c.Client.CoreV1().Secrets(cluster.Namespace).Update(ctx, broken, metav1.UpdateOptions{}); err != nil {
+	broken, err = c.Client.CoreV1().Secrets(cluster.Namespace).Update(ctx, broken, metav1.UpdateOptions{})
+	if err != nil {
 		t.Fatal(err)
 	}
 	checks, code = p.Doctor()
-	if _, err := c.Client.CoreV1().Secrets(cluster.Namespace).Update(ctx, secret, metav1.UpdateOptions{}); err != nil {
+	back := broken.DeepCopy()
+	back.Data = secret.Data
+	if _, err := c.Client.CoreV1().Secrets(cluster.Namespace).Update(ctx, back, metav1.UpdateOptions{}); err != nil {
 		t.Fatalf("putting the webhook's Secret back: %v", err)
 	}
 	if ch := checks["webhook"]; code != 1 || ch.Result != "fail" || !strings.Contains(ch.Detail, "not "+host) {
