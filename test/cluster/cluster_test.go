@@ -231,5 +231,26 @@ func namespace(t *testing.T, c *cluster.Cluster, name string) string {
 	if _, err := c.Client.CoreV1().Namespaces().Create(context.Background(), ns, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	// A scenario that fails half-way leaves its claims and Pods behind:
+	// they go with it, so that the scenarios after it start from a cluster
+	// without them (and fail, if they do, for their own reasons).
+	t.Cleanup(func() {
+		if !t.Failed() {
+			return
+		}
+		ctx := context.Background()
+		if err := c.Client.CoreV1().Namespaces().Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+			if !apierrors.IsNotFound(err) {
+				t.Logf("deleting namespace %s after the failure: %v", name, err)
+			}
+			return
+		}
+		if err := c.Wait(ctx, "namespace "+name+" gone after the failure", 3*time.Minute, func(ctx context.Context) (bool, error) {
+			_, err := c.Client.CoreV1().Namespaces().Get(ctx, name, metav1.GetOptions{})
+			return apierrors.IsNotFound(err), nil
+		}); err != nil {
+			t.Logf("%v", err)
+		}
+	})
 	return name
 }
