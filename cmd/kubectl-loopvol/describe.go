@@ -470,7 +470,8 @@ func (p *ClaimPath) write(e *env) {
 		kv(w, "Pool", orDash(p.Pool))
 		for _, a := range p.Attachments {
 			state := pick(a.Attached, "attached to ", "not attached to ") + a.Node
-			kv(w, "Attachment", paint(a.Name+": "+state, pick(a.Attached, good, warn), e.color))
+			// A VolumeAttachment name alone is 68 columns: the node may go to a line of its own.
+			kv(w, "Attachment", paint(wrap(a.Name+": "+state, 16, 16), pick(a.Attached, good, warn), e.color))
 			if a.AttachError != "" {
 				kv(w, "  Attach error", paint(wrap(a.AttachError, 16, 16), bad, e.color))
 			}

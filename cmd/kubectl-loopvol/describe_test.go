@@ -102,3 +102,22 @@ func TestDescribePodSkipsOtherDrivers(t *testing.T) {
 		t.Errorf("want only the loopvol claim described; got:\n%s", out)
 	}
 }
+
+// TestDescribeLongAttachmentName: a VolumeAttachment named as the
+// attach/detach controller names them (csi- and 64 hex digits) and a node
+// name of its length still fit 100 columns: the node goes to a line of its
+// own.
+func TestDescribeLongAttachmentName(t *testing.T) {
+	f := newFixture(t)
+	long := "csi-" + strings.Repeat("5e4d3c2b1a", 6) + "5e4d"
+	f.remove("VolumeAttachment", "csi-5e4d3c2b1a")
+	f.add(va(long, webPV, "worker-1", true, ""))
+	out, stderr, code := f.run(t, "default", false, "describe", "pvc", "data-web-0")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	checkScreen(t, out, func(line string) bool { return strings.Contains(line, "  /") })
+	if !strings.Contains(out, long+": attached to") || !strings.Contains(out, "worker-1") {
+		t.Errorf("describe lost the attachment's name or node:\n%s", out)
+	}
+}
