@@ -139,7 +139,6 @@ func (c *Controller) vaDeleted(obj any) {
 		return
 	}
 	c.forget(va.Name)
-	c.state.undeliver(va.Name)
 	c.attachQ.Drop(va.Name)
 	c.detachQ.Drop(va.Name)
 	// The PV may be waiting for its last VolumeAttachment to go.

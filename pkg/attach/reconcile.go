@@ -10,15 +10,16 @@ import (
 
 // reconcile compares the driver's ListVolumes published_node_ids with the
 // VolumeAttachments the controller believes done (live, seen by its event
-// handlers, not pending, not written since the driver was asked) and sends every one that disagrees
-// through the normal sync, marked so that it publishes again even when its
-// status says attached. A live object wants its volume attached and
-// published; so both "status attached, driver has no record" (the driver
-// lost it) and "status not attached" (someone changed it by hand) are
-// repaired by publishing, which is idempotent. A volume a VolumeAttachment
-// wants is never unpublished here: the attach/detach controller decides
-// that, by deleting the object. What no VolumeAttachment wants at all is
-// unpublished after a grace period (repairLeaks).
+// handlers, not pending, not written since the driver was asked) and sends
+// every one that disagrees through the normal sync, marked so that it
+// publishes again even when its status says attached. A live object wants
+// its volume attached and published; so both "status attached, driver has
+// no record" (the driver lost it) and "status not attached" (someone
+// changed it by hand) are repaired by publishing, which is idempotent. A
+// volume a VolumeAttachment wants is never unpublished here: the
+// attach/detach controller decides that, by deleting the object. What no
+// VolumeAttachment wants at all is unpublished after a grace period
+// (repairLeaks).
 func (c *Controller) reconcile(ctx context.Context) {
 	logger := klog.LoggerWithName(klog.FromContext(ctx), "reconcile")
 	ctx = klog.NewContext(ctx, logger)

@@ -76,7 +76,7 @@ func TestReconcile(t *testing.T) {
 			name:      "new VA in the cache before its add event reached the handlers → judged once it has",
 			caps:      allCaps,
 			objs:      []runtime.Object{done(), pv},
-			setup:     func(f *fixture) { f.c.state.undeliver("va1") },
+			setup:     func(f *fixture) { f.c.state.drop("va1") },
 			wantCSI:   []csiCall{listed},
 			wantAfter: storagev1.VolumeAttachmentStatus{},
 		},

@@ -127,8 +127,9 @@ func (p *pendingTracker) size() int {
 
 // vaState is what the controller remembers per VolumeAttachment between
 // syncs: its own writes (to spot a stale cache, and to know when it last
-// wrote), a reconcile's request to sync again, and the per-call timeout of
-// a volume whose last driver call timed out.
+// wrote), a reconcile's request to sync again, the per-call timeout of a
+// volume whose last driver call timed out, and the version its event
+// handlers last received.
 //
 // Every entry belongs to an object that exists: the delete event drops the
 // object's entries, and a write recorded after that event (the patch that
@@ -155,17 +156,11 @@ func newVAState() *vaState {
 }
 
 // deliver records that the event handlers received key at resourceVersion
-// rv; undeliver forgets key when its delete event came.
+// rv (drop forgets it with the rest).
 func (s *vaState) deliver(key, rv string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.delivered[key] = rv
-}
-
-func (s *vaState) undeliver(key string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	delete(s.delivered, key)
 }
 
 // isDelivered says whether the event handlers received key at
@@ -228,6 +223,7 @@ func (s *vaState) drop(key string) {
 	defer s.mu.Unlock()
 	delete(s.force, key)
 	delete(s.timeout, key)
+	delete(s.delivered, key)
 }
 
 // sizes returns how many VolumeAttachments each map holds.
