@@ -448,9 +448,9 @@ func (d *doctorRun) rbacNeeds(ctx context.Context) ([]need, error) {
 		sa := cmp.Or(p.Spec.ServiceAccountName, "default")
 		for _, c := range p.Spec.Containers {
 			args := containerArgs(c)
-			if list, ok := flagValue(args, "--controllers"); ok {
+			if ctrls := sidecarControllers(c); ctrls != nil {
 				elected := boolFlag(args, "--leader-election")
-				for _, ctrl := range strings.Split(list, ",") {
+				for _, ctrl := range ctrls {
 					for _, a := range byController[ctrl] {
 						add(sa, a, ctrl)
 					}
@@ -489,12 +489,21 @@ func (e *env) loopvolPods(ctx context.Context) ([]corev1.Pod, error) {
 // containerArgs is a container's command line (command and args).
 func containerArgs(c corev1.Container) []string { return append(slices.Clone(c.Command), c.Args...) }
 
+// sidecarControllers are the controllers a container of loopvol's sidecar
+// runs (--controllers), nil for any other container.
+func sidecarControllers(c corev1.Container) []string {
+	if list, ok := flagValue(containerArgs(c), "--controllers"); ok {
+		return strings.Split(list, ",")
+	}
+	return nil
+}
+
 // runsController says whether a container of pods runs the sidecar's
-// controller ctrl (--controllers).
+// controller ctrl.
 func runsController(pods []corev1.Pod, ctrl string) bool {
 	for _, p := range pods {
 		for _, c := range p.Spec.Containers {
-			if list, ok := flagValue(containerArgs(c), "--controllers"); ok && slices.Contains(strings.Split(list, ","), ctrl) {
+			if slices.Contains(sidecarControllers(c), ctrl) {
 				return true
 			}
 		}
