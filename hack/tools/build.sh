@@ -79,10 +79,17 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
 	kube_ldflags+=" -X $pkg.gitVersion=$kube_version -X $pkg.gitMajor=$kube_major -X $pkg.gitMinor=$kube_minor -X $pkg.gitTreeState=clean"
 done
 
+# mod_hash DIR prints a short hash of DIR's go.mod and go.sum: a cache
+# folder named after it changes with any pin, not only the tool's own
+# version (hack/alignmods raises the shared libraries' pins).
+mod_hash() {
+	cat "$1/go.mod" "$1/go.sum" | sha256sum | cut -c1-12
+}
+
 # One cache folder per pinned set: Kubernetes and etcd (the envtest pair)
 # share one, the cluster's other tools have one each (describe).
 cache_root=${XDG_CACHE_HOME:-$HOME/.cache}/loopvol/tools
-kube_cache=$cache_root/k8s-$kube_version-etcd-$etcd_version
+kube_cache=$cache_root/k8s-$kube_version-etcd-$etcd_version-$(mod_hash "$here")
 mkdir -p "$cache_root" "$bin_dir"
 bin_dir=$(cd "$bin_dir" && pwd)
 
@@ -178,7 +185,7 @@ describe() {
 		pkg=$m/cmd/$1
 		version=$(mod_version "$mod_dir/go.mod" $m)
 		ldflags="-s -w -X main.version=$version"
-		cache_dir=$cache_root/csi-$(cat "$mod_dir/go.mod" "$mod_dir/go.sum" | sha256sum | cut -c1-12)
+		cache_dir=$cache_root/csi-$(mod_hash "$mod_dir")
 		eta="~5 minutes for the four"
 		;;
 	e2e.test)
@@ -202,7 +209,7 @@ describe() {
 		version=$(mod_version "$here/go.mod" github.com/onsi/ginkgo/v2)
 		ldflags="-s -w"
 		vflag=version
-		cache_dir=$cache_root/ginkgo-$version
+		cache_dir=$cache_root/ginkgo-$version-$(mod_hash "$mod_dir")
 		eta="~1 minute"
 		;;
 	agnhost)
@@ -221,7 +228,7 @@ describe() {
 		version=$(<"$kdir/test/images/agnhost/VERSION")
 		version=v${version#v}
 		ldflags="-s -w -X main.Version=${version#v}"
-		cache_dir=$cache_root/agnhost-$version
+		cache_dir=$cache_root/agnhost-$version-$(mod_hash "$mod_dir")
 		eta="~2-4 minutes"
 		;;
 	hello-populator)

@@ -60,9 +60,9 @@ require (
 	github.com/modern-go/reflect2 v1.0.3-0.20250322232337-35a7c28c31ee // indirect
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
 	github.com/pmezard/go-difflib v1.0.1-0.20181226105442-5d4384ee4fb2 // indirect
-	github.com/prometheus/client_golang v1.24.1 // indirect
+	github.com/prometheus/client_golang v1.25.0 // indirect
 	github.com/prometheus/client_model v0.6.3 // indirect
-	github.com/prometheus/common v0.72.0 // indirect
+	github.com/prometheus/common v0.72.1 // indirect
 	github.com/prometheus/procfs v0.22.0 // indirect
 	github.com/spf13/cobra v1.10.2 // indirect
 	github.com/spf13/pflag v1.0.10 // indirect
@@ -72,7 +72,7 @@ require (
 	go.etcd.io/etcd/client/v3 v3.7.2 // indirect
 	go.opentelemetry.io/auto/sdk v1.2.1 // indirect
 	go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc v0.72.0 // indirect
-	go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp v0.71.0 // indirect
+	go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp v0.72.0 // indirect
 	go.opentelemetry.io/otel v1.47.0 // indirect
 	go.opentelemetry.io/otel/exporters/otlp/otlptrace v1.47.0 // indirect
 	go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc v1.47.0 // indirect
@@ -86,32 +86,32 @@ require (
 	go.uber.org/zap v1.28.0 // indirect
 	go.yaml.in/yaml/v2 v2.4.4 // indirect
 	go.yaml.in/yaml/v3 v3.0.5 // indirect
-	golang.org/x/crypto v0.57.0 // indirect
-	golang.org/x/exp v0.0.0-20260908205506-85c1c2202aba // indirect
-	golang.org/x/net v0.59.0 // indirect
+	golang.org/x/crypto v0.58.0 // indirect
+	golang.org/x/exp v0.0.0-20261014143641-f0251eb4aa3e // indirect
+	golang.org/x/net v0.62.0 // indirect
 	golang.org/x/oauth2 v0.37.0 // indirect
-	golang.org/x/sync v0.23.0 // indirect
-	golang.org/x/sys v0.48.0 // indirect
-	golang.org/x/term v0.46.0 // indirect
-	golang.org/x/text v0.42.0 // indirect
+	golang.org/x/sync v0.24.0 // indirect
+	golang.org/x/sys v0.50.0 // indirect
+	golang.org/x/term v0.47.0 // indirect
+	golang.org/x/text v0.43.0 // indirect
 	golang.org/x/time v0.16.0 // indirect
 	google.golang.org/genproto/googleapis/api v0.0.0-20260928230214-8a89bd6388cc // indirect
-	google.golang.org/genproto/googleapis/rpc v0.0.0-20260928230214-8a89bd6388cc // indirect
-	google.golang.org/grpc v1.84.0 // indirect
+	google.golang.org/genproto/googleapis/rpc v0.0.0-20261012220534-4341edf3f941 // indirect
+	google.golang.org/grpc v1.85.0 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
 	gopkg.in/evanphx/json-patch.v4 v4.13.0 // indirect
 	gopkg.in/inf.v0 v0.9.1 // indirect
-	k8s.io/api v0.37.0 // indirect
-	k8s.io/apimachinery v0.37.0 // indirect
-	k8s.io/apiserver v0.37.0 // indirect
-	k8s.io/client-go v0.37.0 // indirect
-	k8s.io/component-base v0.37.0 // indirect
-	k8s.io/component-helpers v0.37.0 // indirect
-	k8s.io/csi-translation-lib v0.37.0 // indirect
+	k8s.io/api v0.37.2 // indirect
+	k8s.io/apimachinery v0.37.2 // indirect
+	k8s.io/apiserver v0.37.2 // indirect
+	k8s.io/client-go v0.37.2 // indirect
+	k8s.io/component-base v0.37.2 // indirect
+	k8s.io/component-helpers v0.37.2 // indirect
+	k8s.io/csi-translation-lib v0.37.2 // indirect
 	k8s.io/klog/v2 v2.140.0 // indirect
 	k8s.io/kube-openapi v0.0.0-20260821135717-be32def86098 // indirect
-	k8s.io/streaming v0.37.0 // indirect
-	k8s.io/utils v0.0.0-20260707023825-cf1189d6abe3 // indirect
+	k8s.io/streaming v0.37.2 // indirect
+	k8s.io/utils v0.0.0-20261023123148-ca04ba58ecab // indirect
 	sigs.k8s.io/apiserver-network-proxy/konnectivity-client v0.37.0 // indirect
 	sigs.k8s.io/controller-runtime v0.25.2 // indirect
 	sigs.k8s.io/gateway-api v1.6.2 // indirect
@@ -126,68 +126,68 @@ require (
 // the replace directives of external-snapshotter v8.7.0 and
 // external-attacher v4.13.0 (v0.37.0), which external-provisioner v6.4.0
 // (released on v0.36.1) builds with too.
-replace k8s.io/api => k8s.io/api v0.37.0
+replace k8s.io/api => k8s.io/api v0.37.2
 
-replace k8s.io/apiextensions-apiserver => k8s.io/apiextensions-apiserver v0.37.0
+replace k8s.io/apiextensions-apiserver => k8s.io/apiextensions-apiserver v0.37.2
 
-replace k8s.io/apimachinery => k8s.io/apimachinery v0.37.0
+replace k8s.io/apimachinery => k8s.io/apimachinery v0.37.2
 
-replace k8s.io/apiserver => k8s.io/apiserver v0.37.0
+replace k8s.io/apiserver => k8s.io/apiserver v0.37.2
 
-replace k8s.io/cli-runtime => k8s.io/cli-runtime v0.37.0
+replace k8s.io/cli-runtime => k8s.io/cli-runtime v0.37.2
 
-replace k8s.io/client-go => k8s.io/client-go v0.37.0
+replace k8s.io/client-go => k8s.io/client-go v0.37.2
 
-replace k8s.io/cloud-provider => k8s.io/cloud-provider v0.37.0
+replace k8s.io/cloud-provider => k8s.io/cloud-provider v0.37.2
 
-replace k8s.io/cluster-bootstrap => k8s.io/cluster-bootstrap v0.37.0
+replace k8s.io/cluster-bootstrap => k8s.io/cluster-bootstrap v0.37.2
 
-replace k8s.io/code-generator => k8s.io/code-generator v0.37.0
+replace k8s.io/code-generator => k8s.io/code-generator v0.37.2
 
-replace k8s.io/component-base => k8s.io/component-base v0.37.0
+replace k8s.io/component-base => k8s.io/component-base v0.37.2
 
-replace k8s.io/component-helpers => k8s.io/component-helpers v0.37.0
+replace k8s.io/component-helpers => k8s.io/component-helpers v0.37.2
 
-replace k8s.io/controller-manager => k8s.io/controller-manager v0.37.0
+replace k8s.io/controller-manager => k8s.io/controller-manager v0.37.2
 
-replace k8s.io/cri-api => k8s.io/cri-api v0.37.0
+replace k8s.io/cri-api => k8s.io/cri-api v0.37.2
 
-replace k8s.io/cri-client => k8s.io/cri-client v0.37.0
+replace k8s.io/cri-client => k8s.io/cri-client v0.37.2
 
-replace k8s.io/cri-streaming => k8s.io/cri-streaming v0.37.0
+replace k8s.io/cri-streaming => k8s.io/cri-streaming v0.37.2
 
-replace k8s.io/csi-translation-lib => k8s.io/csi-translation-lib v0.37.0
+replace k8s.io/csi-translation-lib => k8s.io/csi-translation-lib v0.37.2
 
-replace k8s.io/dynamic-resource-allocation => k8s.io/dynamic-resource-allocation v0.37.0
+replace k8s.io/dynamic-resource-allocation => k8s.io/dynamic-resource-allocation v0.37.2
 
-replace k8s.io/endpointslice => k8s.io/endpointslice v0.37.0
+replace k8s.io/endpointslice => k8s.io/endpointslice v0.37.2
 
-replace k8s.io/externaljwt => k8s.io/externaljwt v0.37.0
+replace k8s.io/externaljwt => k8s.io/externaljwt v0.37.2
 
-replace k8s.io/kms => k8s.io/kms v0.37.0
+replace k8s.io/kms => k8s.io/kms v0.37.2
 
-replace k8s.io/kube-aggregator => k8s.io/kube-aggregator v0.37.0
+replace k8s.io/kube-aggregator => k8s.io/kube-aggregator v0.37.2
 
-replace k8s.io/kube-controller-manager => k8s.io/kube-controller-manager v0.37.0
+replace k8s.io/kube-controller-manager => k8s.io/kube-controller-manager v0.37.2
 
-replace k8s.io/kube-proxy => k8s.io/kube-proxy v0.37.0
+replace k8s.io/kube-proxy => k8s.io/kube-proxy v0.37.2
 
-replace k8s.io/kube-scheduler => k8s.io/kube-scheduler v0.37.0
+replace k8s.io/kube-scheduler => k8s.io/kube-scheduler v0.37.2
 
-replace k8s.io/kubectl => k8s.io/kubectl v0.37.0
+replace k8s.io/kubectl => k8s.io/kubectl v0.37.2
 
-replace k8s.io/kubelet => k8s.io/kubelet v0.37.0
+replace k8s.io/kubelet => k8s.io/kubelet v0.37.2
 
-replace k8s.io/metrics => k8s.io/metrics v0.37.0
+replace k8s.io/metrics => k8s.io/metrics v0.37.2
 
-replace k8s.io/mount-utils => k8s.io/mount-utils v0.37.0
+replace k8s.io/mount-utils => k8s.io/mount-utils v0.37.2
 
-replace k8s.io/pod-security-admission => k8s.io/pod-security-admission v0.37.0
+replace k8s.io/pod-security-admission => k8s.io/pod-security-admission v0.37.2
 
-replace k8s.io/sample-apiserver => k8s.io/sample-apiserver v0.37.0
+replace k8s.io/sample-apiserver => k8s.io/sample-apiserver v0.37.2
 
-replace k8s.io/sample-cli-plugin => k8s.io/sample-cli-plugin v0.37.0
+replace k8s.io/sample-cli-plugin => k8s.io/sample-cli-plugin v0.37.2
 
-replace k8s.io/sample-controller => k8s.io/sample-controller v0.37.0
+replace k8s.io/sample-controller => k8s.io/sample-controller v0.37.2
 
-replace k8s.io/streaming => k8s.io/streaming v0.37.0
+replace k8s.io/streaming => k8s.io/streaming v0.37.2

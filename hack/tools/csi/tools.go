@@ -11,10 +11,12 @@
 // apimachinery, gRPC, Prometheus, OpenTelemetry, …) are compiled once for
 // all four binaries: as modules of their own each compiled them again, and
 // a cold build of the three took 9 minutes of CI's 90. The replace
-// directives in go.mod are the upstream modules' own, at the Kubernetes
-// libraries v0.37.0 that external-attacher and external-snapshotter
-// release with; external-provisioner v6.4.0 released on v0.36.1 and builds
-// unchanged against v0.37.0.
+// directives in go.mod are the upstream modules' own, raised from the
+// Kubernetes libraries v0.37.0 that external-attacher and
+// external-snapshotter release with (external-provisioner v6.4.0 released
+// on v0.36.1) to the v0.37.2 of the Kubernetes tools and of loopvol itself:
+// hack/alignmods keeps the libraries shared with them at one version, so
+// that they are compiled once for all.
 //
 // The snapshot client is named too: it is the module of the same release
 // as external-snapshotter (upstream replaces it by the repository's ./client),
