@@ -103,7 +103,8 @@ prereq = $(if $(PREBUILT),,$(1))
 test: ##@ Run every check and test (root: real loop devices, mounts and the real cluster); the tools build meanwhile (logs: bin/tools.log, bin/checks.log, bin/beside.log).
 	@echo "### test: hack/tools/build.sh builds the tools (bin/tools.log) beside $(TEST_FIRST) (bin/checks.log)"
 	@mkdir -p $(BIN); rm -f $(BIN)/.test-built; bg=(); \
-	stop() { echo failed >$(BIN)/.test-built; for p in "$${bg[@]}"; do kill -TERM -- -$$p 2>/dev/null; wait $$p; done; exit 1; }; \
+	stop() { echo failed >$(BIN)/.test-built; for p in "$${bg[@]}"; do kill -TERM -- -$$p 2>/dev/null; wait $$p; done; \
+		echo "### test: stopped; bin/checks.log so far:"; cat $(BIN)/checks.log; exit 1; }; \
 	trap stop INT TERM; \
 	setsid hack/tools/build.sh $(BIN) cluster e2e-k8s >$(BIN)/tools.log 2>&1 & tools=$$!; \
 	parent=$$$$ setsid bash -c '$(MAKE) --no-print-directory --keep-going $(TEST_FIRST); rc=$$?; \
