@@ -23,8 +23,9 @@ import (
 // (read through pods/exec); volumes and describe follow a claim to its
 // node, loop device and mounts; a claim larger than any pool is named as
 // waiting for space by describe and by doctor; a registration broken on
-// purpose (its socket removed, which kubelet takes as the plugin gone)
-// fails doctor, which passes once the node plugin is restarted.
+// purpose (its socket removed, which kubelet takes as the plugin gone, and
+// the registrar kept from creating it again) fails doctor, which passes
+// once the node plugin is restarted.
 func testKubectlPlugin(t *testing.T, c *cluster.Cluster) {
 	ctx := context.Background()
 	p := clustertest.NewPlugin(t, c)
@@ -212,9 +213,28 @@ func testKubectlPlugin(t *testing.T, c *cluster.Cluster) {
 	}
 
 	// The registration broken: kubelet sees its socket go and drops the
-	// driver from the node's CSINode.
-	reg := filepath.Join(c.KubeletDir, "plugins_registry", cluster.DriverName+"-reg.sock")
-	if err := os.Remove(reg); err != nil {
+	// driver from the node's CSINode. The registrar creates a vanished
+	// socket again within seconds (and kubelet registers it again), so
+	// the directory is made read-only first: the registrar runs as root
+	// without CAP_DAC_OVERRIDE, so it cannot, and retries with backoff,
+	// while kubelet (with every capability) is not hindered. Without
+	// that, the doctor runs below raced the registrar's repair and one
+	// saw the registration back (a warm make test of 2026-12-05).
+	registry := filepath.Join(c.KubeletDir, "plugins_registry")
+	fi, err := os.Stat(registry)
+	if err != nil {
+		t.Fatal(err)
+	}
+	restore := func() {
+		if err := os.Chmod(registry, fi.Mode().Perm()); err != nil {
+			t.Errorf("restore %s's permissions: %v", registry, err)
+		}
+	}
+	t.Cleanup(restore)
+	if err := os.Chmod(registry, 0o555); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(registry, cluster.DriverName+"-reg.sock")); err != nil {
 		t.Fatal(err)
 	}
 	if err := c.Wait(ctx, "kubelet to drop the driver from CSINode "+node, 2*time.Minute, func(ctx context.Context) (bool, error) {
@@ -235,7 +255,10 @@ func testKubectlPlugin(t *testing.T, c *cluster.Cluster) {
 	if checks, code := p.Doctor(); code != 1 || checks["registration"].Result != "fail" || !strings.Contains(checks["registration"].Detail, node) {
 		t.Errorf("doctor with node %s's registration broken: exit %d, registration %+v; want it failed naming the node", node, code, checks["registration"])
 	}
-	// What doctor says to do: restart the node plugin.
+	// What doctor says to do: restart the node plugin (with the
+	// directory writable again, as it is on a node where the cause was
+	// fixed; the old registrar may repair it first on its own).
+	restore()
 	old, err := nodePod(ctx, c)
 	if err != nil || old == nil {
 		t.Fatalf("no running node plugin pod: %v", err)
