@@ -56,11 +56,16 @@ var modules = []string{".", "hack/tools", "hack/tools/csi", "hack/helm", "hack/m
 // packages, their tests and everything they import; the tools tag brings in
 // hack/tools' pins), each at the version the build uses: a module replaced
 // by another version of itself counts at the replacement's version, one
-// replaced by a folder or another module is not shared and left out.
-// modules in the module graph that provide no compiled package do not
-// matter to the build cache and are not listed.
+// replaced by a folder or another module is not shared and left out. A
+// module of the module graph that provides no compiled package does not
+// matter to the build cache and is not listed.
+//
+// -e lets the listing go past hack/tools' blank imports of commands (the
+// ginkgo CLI is "a program, not an importable package", which go mod tidy
+// accepts); any other package error fails it.
 func versions(dir string) (map[string]string, error) {
-	const format = `{{with .Module}}{{if not .Main}}{{.Path}} {{.Version}}{{with .Replace}} {{.Path}} {{.Version}}{{end}}{{end}}{{end}}`
+	const format = `{{with .Error}}error {{.Err}}{{"\n"}}{{end}}` +
+		`{{with .Module}}{{if not .Main}}{{.Path}} {{.Version}}{{with .Replace}} {{.Path}} {{.Version}}{{end}}{{end}}{{end}}`
 	cmd := exec.Command("go", "list", "-e", "-deps", "-test", "-tags", "tools", "-f", format, "./...")
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), "GOWORK=off", "GOFLAGS=-mod=readonly")
@@ -72,6 +77,12 @@ func versions(dir string) (map[string]string, error) {
 	}
 	vs := map[string]string{}
 	for line := range strings.Lines(string(out)) {
+		if msg, ok := strings.CutPrefix(line, "error "); ok {
+			if !strings.Contains(msg, "is a program, not an importable package") {
+				return nil, fmt.Errorf("go list -deps in %s: %s", dir, strings.TrimSpace(msg))
+			}
+			continue
+		}
 		f := strings.Fields(line)
 		switch {
 		case len(f) == 2:
