@@ -126,10 +126,11 @@ func plan(all map[string]map[string]string) []change {
 	return changes
 }
 
-// apply raises c in its folder's go.mod: the replacement when the go.mod
-// replaces the module by a version of itself, the requirement otherwise.
-func apply(c change) error {
-	gomod := filepath.Join(c.dir, "go.mod")
+// apply raises every change of dir in dir's go.mod, by one go mod edit:
+// the replacement when the go.mod replaces the module by a version of
+// itself, the requirement otherwise.
+func apply(dir string, changes []change) error {
+	gomod := filepath.Join(dir, "go.mod")
 	data, err := os.ReadFile(gomod)
 	if err != nil {
 		return err
@@ -138,13 +139,21 @@ func apply(c change) error {
 	if err != nil {
 		return err
 	}
-	edit := "-require=" + c.path + "@" + c.to
+	replaced := map[string]bool{}
 	for _, r := range f.Replace {
-		if r.Old.Path == c.path && r.New.Path == c.path && r.New.Version != "" {
-			edit = "-replace=" + c.path + "=" + c.path + "@" + c.to
+		if r.New.Path == r.Old.Path && r.New.Version != "" {
+			replaced[r.Old.Path] = true
 		}
 	}
-	return gocmd(c.dir, "mod", "edit", edit)
+	args := []string{"mod", "edit"}
+	for _, c := range changes {
+		if replaced[c.path] {
+			args = append(args, "-replace="+c.path+"="+c.path+"@"+c.to)
+		} else {
+			args = append(args, "-require="+c.path+"@"+c.to)
+		}
+	}
+	return gocmd(dir, args...)
 }
 
 func gocmd(dir string, args ...string) error {
@@ -183,18 +192,19 @@ func run(write bool, out io.Writer) error {
 		if round > 5 {
 			return errors.New("still not aligned after 5 rounds")
 		}
-		dirs := map[string]bool{}
+		byDir := map[string][]change{}
 		for _, c := range changes {
-			if err := apply(c); err != nil {
-				return err
-			}
-			dirs[c.dir] = true
+			byDir[c.dir] = append(byDir[c.dir], c)
 		}
 		for _, dir := range modules {
-			if dirs[dir] {
-				if err := gocmd(dir, "mod", "tidy"); err != nil {
-					return err
-				}
+			if len(byDir[dir]) == 0 {
+				continue
+			}
+			if err := apply(dir, byDir[dir]); err != nil {
+				return err
+			}
+			if err := gocmd(dir, "mod", "tidy"); err != nil {
+				return err
 			}
 		}
 	}

@@ -51,18 +51,20 @@ func TestApplyRaisesReplace(t *testing.T) {
 		}
 		return d
 	}
-	replaced := write("replaced", "module example.com/r\n\ngo 1.26\n\nrequire k8s.io/api v0.0.0\n\nreplace k8s.io/api => k8s.io/api v0.37.0\n")
+	replaced := write("replaced", "module example.com/r\n\ngo 1.26\n\nrequire (\n\tk8s.io/api v0.0.0\n\tk8s.io/apimachinery v0.37.0\n)\n\nreplace k8s.io/api => k8s.io/api v0.37.0\n")
 	required := write("required", "module example.com/q\n\ngo 1.26\n\nrequire k8s.io/api v0.37.0\n")
-	for _, c := range []change{
+	// Both changes of one folder go in one edit.
+	if err := apply(replaced, []change{
 		{dir: replaced, path: "k8s.io/api", from: "v0.37.0", to: "v0.37.2"},
-		{dir: required, path: "k8s.io/api", from: "v0.37.0", to: "v0.37.2"},
-	} {
-		if err := apply(c); err != nil {
-			t.Fatal(err)
-		}
+		{dir: replaced, path: "k8s.io/apimachinery", from: "v0.37.0", to: "v0.37.2"},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := apply(required, []change{{dir: required, path: "k8s.io/api", from: "v0.37.0", to: "v0.37.2"}}); err != nil {
+		t.Fatal(err)
 	}
 	for d, want := range map[string][]string{
-		replaced: {"require k8s.io/api v0.0.0", "replace k8s.io/api => k8s.io/api v0.37.2"},
+		replaced: {"k8s.io/api v0.0.0", "k8s.io/apimachinery v0.37.2", "replace k8s.io/api => k8s.io/api v0.37.2"},
 		required: {"require k8s.io/api v0.37.2"},
 	} {
 		data, err := os.ReadFile(filepath.Join(d, "go.mod"))
