@@ -271,9 +271,10 @@ const warmUpLogSlack = 2 * time.Second
 // forbidden, or "", and how many such lines it left out. Lines stamped
 // within a warm-up of a kube-apiserver that KillAPIServer restarted
 // (testenv.Env.WarmUps), or warmUpLogSlack after it, are left out: until
-// its RBAC caches sync such a server refuses what the shipped roles allow. The slack cannot hide a short role: the audit
-// log's check (TestZZRBACCoversEveryCall) judges each refusal by when the
-// server received the request, exactly.
+// its RBAC caches sync such a server refuses what the shipped roles allow.
+// The slack cannot hide a short role: the audit log's check
+// (TestZZRBACCoversEveryCall) judges each refusal by when the server
+// received the request, exactly.
 func refusedLine(log string, warmUps []testenv.Window) (line string, warm int) {
 	for l := range strings.Lines(log) {
 		if !strings.Contains(l, "forbidden") {
