@@ -264,14 +264,13 @@ DEMO_IMAGES := loopvol-node,loopvol-controller,csi-provisioner,pause,busybox
 NODES ?= 1
 OVERLAY ?= local
 
-demo: static ##@ A real cluster (NODES=1..8, default 1), loopvol deployed with kubectl apply -k (OVERLAY=local|shared|distributed), a PVC taken to a Pod and back (root). KEEP=1 keeps it up until Ctrl-C.
+demo: static kubectl-plugin ##@ A real cluster (NODES=1..8, default 1), loopvol deployed with kubectl apply -k (OVERLAY=local|shared|distributed), a PVC taken to a Pod and back (root). KEEP=1 keeps it up until Ctrl-C.
 	@echo "### demo"
 	@hack/tools/build.sh $(BIN) $(DEMO_TOOLS)
 	$(GOSTATIC) -C hack/images build -o $(BIN)/images .
 	$(BIN)/images -bin $(STATIC) -tools $(BIN) -out $(IMAGES_OUT) -cache $(IMAGES_CACHE) -repo $(IMAGE_REPO) \
 		-tag $(IMAGE_TAG) -tag dev -created $(IMAGES_CREATED) -images $(DEMO_IMAGES)
 	$(GOSTATIC) build -o $(BIN)/demo ./hack/demo
-	$(GOSTATIC) build -ldflags "$(LDFLAGS) -s -w" -o $(BIN)/kubectl-loopvol ./cmd/kubectl-loopvol
 	$(BIN)/demo -repo $(CURDIR) -dir $(CLUSTER_DIR) -bin $(BIN) -images $(IMAGES_OUT) -nodes $(NODES) -overlay $(OVERLAY) $(if $(KEEP),-keep)
 
 # The upstream Kubernetes storage e2e suite (docs/e2e-k8s.md): e2e.test
